@@ -1,0 +1,32 @@
+"""ctensor: a distributed eager tensor library with a consistent (global) view.
+
+Write a script against *logical* tensors; choose where each lives (:func:`placement`)
+and how it is laid out (:mod:`ctensor.sbp`); ctensor inserts every collective.
+
+>>> import ctensor as ct
+>>> with ct.simulate(2):
+...     x = ct.ones(4, 3, placement=ct.placement("cpu", [0, 1]), sbp=ct.sbp.split(0))
+...     y = x.to_global(sbp=ct.sbp.broadcast)        # all-gather
+"""
+from . import sbp
+from .placement import placement, Placement
+from .runtime import (simulate, rank, world_size, set_default_dtype, get_default_dtype,
+                      set_default_device)
+from .tensor import Tensor
+from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
+                       full_like, empty)
+from . import ops as _ops  # noqa: F401  (registers every op)
+from . import autograd, debug
+from .autograd import no_grad, enable_grad, is_grad_enabled
+from .errors import DivergenceError, CommTimeoutError
+from .registry import OPS as _OPS
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # ct.matmul, ct.cat, ct.where, ... are the registered op functions
+    try:
+        return getattr(_OPS, name)
+    except AttributeError:
+        raise AttributeError(f"module 'ctensor' has no attribute {name!r}") from None

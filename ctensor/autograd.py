@@ -1,0 +1,197 @@
+"""A tape-based reverse-mode autograd whose gradients are global tensors.
+
+Each op's output records a :class:`Node` holding the op's backward, written in ctensor ops,
+so gradients go through the same dispatch and boxing as the forward pass and get their
+SBPs from the same signature table.
+
+Grad-SBP rules: at the end of :func:`backward` each leaf's accumulated gradient is boxed
+to the leaf's own placement and SBP, so a broadcast (data-parallel) parameter receives the
+all-reduce with no user code. Inside :func:`no_sync` leaf gradients keep whatever SBP the
+graph produced (typically partial) and accumulate without communication; the next
+synchronised backward boxes the total once.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Optional, Sequence
+
+from .registry import OPS
+
+__all__ = ["Node", "backward", "no_grad", "enable_grad", "is_grad_enabled", "no_sync",
+           "grad_sync_enabled"]
+
+_grad_enabled = True
+_sync_enabled = True
+
+
+class Node:
+    """One recorded op: its inputs and how to map output grads to input grads.
+
+    ``backward_fn(grads)`` receives one gradient per output (``None`` where an output got
+    no gradient) and returns one per input (``None`` for inputs that need none).
+    """
+
+    __slots__ = ("name", "inputs", "backward_fn", "n_outputs", "__weakref__")
+
+    def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, n_outputs: int = 1):
+        self.name = name
+        self.inputs = tuple(inputs)
+        self.backward_fn = backward_fn
+        self.n_outputs = n_outputs
+
+    def __repr__(self) -> str:
+        return f"<{self.name}Backward>"
+
+
+def is_grad_enabled() -> bool:
+    return _grad_enabled
+
+
+@contextlib.contextmanager
+def _set_grad(enabled: bool) -> Iterator[None]:
+    global _grad_enabled
+    prev, _grad_enabled = _grad_enabled, enabled
+    try:
+        yield
+    finally:
+        _grad_enabled = prev
+
+
+def no_grad():
+    """Context manager: ops inside record nothing on the tape.
+
+    >>> with ct.no_grad():
+    ...     w2 = w * 2        # w2.requires_grad is False
+    """
+    return _set_grad(False)
+
+
+def enable_grad():
+    return _set_grad(True)
+
+
+def grad_sync_enabled() -> bool:
+    return _sync_enabled
+
+
+@contextlib.contextmanager
+def no_sync() -> Iterator[None]:
+    """Context manager: backward passes inside leave leaf grads unsynchronised (partial),
+    accumulating without communication; the next backward outside boxes the total once.
+
+    >>> with ct.autograd.no_sync():
+    ...     loss_a.backward()     # no all-reduce
+    >>> loss_b.backward()         # one all-reduce of the accumulated grads
+    """
+    global _sync_enabled
+    prev, _sync_enabled = _sync_enabled, False
+    try:
+        yield
+    finally:
+        _sync_enabled = prev
+
+
+def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
+    """Attach a node to ``outputs`` if grad mode is on and some input requires grad."""
+    if not _grad_enabled or not any(getattr(t, "requires_grad", False) for t in inputs):
+        return
+    node = Node(name, [t if getattr(t, "requires_grad", False) else None for t in inputs],
+                backward_fn, len(outputs))
+    for i, out in enumerate(outputs):
+        if out is not None and out.dtype.kind in "fc":
+            out.requires_grad = True
+            out._node = node
+            out._out_index = i
+
+
+def _topological(root) -> list:
+    """Nodes reachable from ``root``'s node, each after every node that consumes it."""
+    order, seen = [], set()
+    stack = [(root._node, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if node is None:
+            continue
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        for t in node.inputs:
+            if t is not None and t._node is not None and id(t._node) not in seen:
+                stack.append((t._node, False))
+    return order[::-1]
+
+
+def _accumulate(store: dict, key, tensor, grad) -> None:
+    if grad is None:
+        return
+    if key in store:
+        store[key] = (store[key][0], OPS.add(store[key][1], grad))
+    else:
+        store[key] = (tensor, grad)
+
+
+def backward(root, grad=None, retain_graph: bool = False) -> None:
+    """Reverse-mode pass from ``root``; see :meth:`Tensor.backward`."""
+    from .tensor import Tensor
+    if not isinstance(root, Tensor):
+        raise TypeError(f"backward: expected a ct.Tensor, got {type(root).__name__}")
+    if not root.requires_grad:
+        raise ValueError("backward: the tensor does not require grad (no input of the "
+                         "computation had requires_grad=True, or it ran under ct.no_grad())")
+    if grad is None:
+        if root.numel() != 1:
+            raise ValueError(f"backward: grad can be implicitly created only for scalar "
+                             f"outputs; the tensor has shape {tuple(root.shape)}, pass "
+                             f"grad= with that shape")
+        grad = OPS.ones_like(root)
+    elif not isinstance(grad, Tensor):
+        raise TypeError(f"backward: argument 'grad' must be a ct.Tensor, got "
+                        f"{type(grad).__name__}")
+    elif tuple(grad.shape) != tuple(root.shape):
+        raise ValueError(f"backward: argument 'grad' has shape {tuple(grad.shape)} but the "
+                         f"tensor has shape {tuple(root.shape)}")
+    with no_grad():
+        # grads keyed by (id(node), output index) for intermediates, id(tensor) for leaves
+        pending: dict = {}
+        leaf_grads: dict = {}
+        if root._node is None:
+            _accumulate(leaf_grads, id(root), root, grad)
+        else:
+            pending[(id(root._node), root._out_index)] = (None, grad)
+        for node in _topological(root):
+            outs = [pending.pop((id(node), i), (None, None))[1] for i in range(node.n_outputs)]
+            if all(g is None for g in outs):
+                continue
+            if node.backward_fn is None:
+                raise RuntimeError("backward: trying to backward through the graph a second "
+                                   "time; pass retain_graph=True to the first backward()")
+            in_grads = node.backward_fn(outs)
+            if not retain_graph:
+                node.backward_fn = None
+            for t, g in zip(node.inputs, in_grads):
+                if t is None or g is None:
+                    continue
+                if t._node is None:
+                    _accumulate(leaf_grads, id(t), t, g)
+                else:
+                    _accumulate(pending, (id(t._node), t._out_index), t, g)
+        for leaf, g in leaf_grads.values():
+            _deposit(leaf, g)
+
+
+def _deposit(leaf, g) -> None:
+    """Add ``g`` to ``leaf.grad``; box to the leaf's layout unless inside no_sync."""
+    if leaf.grad is not None:
+        g = OPS.add(leaf.grad, g)
+    if _sync_enabled:
+        g = g.to_global(leaf.placement, leaf.sbp)
+    if g.dtype != leaf.dtype:
+        g = OPS.to(g, leaf.dtype)
+    if g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
+                                                     leaf._shards.values())):
+        g = OPS.clone(g)
+    leaf.grad = g.detach()

@@ -1,0 +1,375 @@
+"""Boxing: turn a tensor's shards from one (placement, SBP) into another.
+
+A plan is a short list of steps computed once per (source layout, target layout) and
+cached; one executor loop runs it. Rules per mesh axis (1-D):
+
+======== =========== ================= ==================
+ from     to B        to S(j)           to P
+======== =========== ================= ==================
+ S(i)     all-gather  all-to-all (i!=j) local: pad with the identity
+ B        --          local slice       local: index 0 keeps, others identity
+ P        all-reduce  reduce-scatter    P(op)->P(op'): all-reduce then local
+======== =========== ================= ==================
+
+N-D meshes: one step per changed mesh axis on that axis's sub-groups. When the changed
+axes touch disjoint tensor dims the steps are independent (scatters run first so later
+steps move less). When splits of one dim nest over several axes, the changed axes (and any
+later axis nested inside them) are first unwound to B from the innermost axis outwards,
+then rebuilt from the outermost inwards, which keeps the nesting order of the uneven rule.
+
+Across placements (other ranks, other mesh shape, cpu<->cuda) each target rank receives the
+intersections of its region with the source regions by point-to-point transfers, after the
+source's partial axes are reduce-scattered; a partial target is rebuilt locally.
+
+This module and ``comm/`` are the only places that communicate.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from . import debug
+from .comm.base import Message
+from .layout import Layout
+from .runtime import array_module, world
+from .sbp import Broadcast, Partial, ReduceOp, Split, SBP
+
+__all__ = ["box", "plan", "cost"]
+
+
+# ----------------------------------------------------------------------------- helpers
+def _slices(box, within) -> tuple:
+    """Index of region ``box`` inside an array that holds region ``within``."""
+    return tuple(slice(a - w0, b - w0) for (a, b), (w0, _) in zip(box, within))
+
+
+def _intersect(a, b):
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return out if all(lo < hi for lo, hi in out) else None
+
+
+def _dims(entry: SBP) -> set:
+    return {entry.dim} if isinstance(entry, Split) else set()
+
+
+def _to_xp(arr, device: str):
+    """Move an array to ``device``'s array module (no copy when it is already there)."""
+    xp = array_module(device)
+    if xp is np:
+        return arr if isinstance(arr, np.ndarray) else arr.get()
+    return xp.asarray(arr)
+
+
+# ----------------------------------------------------------------------------- steps
+class _Step(ABC):
+    """One stage of a plan: ``before`` layout -> ``after`` layout."""
+
+    collective = "local"
+
+    def __init__(self, before: Layout, after: Layout, mesh_axis: int | None = None):
+        self.before, self.after, self.mesh_axis = before, after, mesh_axis
+
+    def cost(self) -> float:
+        """Bytes one rank sends, roughly (the cost model of signature choice)."""
+        return 0.0
+
+    @abstractmethod
+    def run(self, comm, shards: dict) -> dict:
+        """Turn this process's ``{rank: array}`` from ``before`` into ``after``."""
+
+    def __repr__(self) -> str:
+        axis = "" if self.mesh_axis is None else f" axis {self.mesh_axis}"
+        return (f"{self.collective}{axis}: {self.before.sbp} -> {self.after.sbp}")
+
+
+class _GroupStep(_Step):
+    """A collective over the sub-groups of one mesh axis."""
+
+    @abstractmethod
+    def run_group(self, comm, group: tuple, held: dict) -> dict:
+        """The collective over one sub-group; ``held`` are this process's members."""
+
+    def run(self, comm, shards):
+        out, done = {}, set()
+        for r in shards:
+            if r in done:
+                continue
+            group = self.before.placement.axis_group(r, self.mesh_axis)
+            held = {g: shards[g] for g in group if g in shards}
+            done.update(held)
+            out.update(self.run_group(comm, group, held))
+        debug.record(self, sum(int(a.nbytes) for a in shards.values()) if shards else 0)
+        return out
+
+    def group_size(self) -> int:
+        return self.before.placement.shape[self.mesh_axis]
+
+    def frac(self) -> float:
+        k = self.group_size()
+        return (k - 1) / k
+
+
+class _AllGather(_GroupStep):
+    collective = "all_gather"
+
+    def __init__(self, before, after, mesh_axis, dim):
+        super().__init__(before, after, mesh_axis)
+        self.dim = dim
+
+    def cost(self):
+        return self.frac() * max(self.after.local_nbytes(r) for r in self.after.placement.rank_list)
+
+    def run_group(self, comm, group, held):
+        sizes = [self.before.local_shape(g)[self.dim] for g in group]
+        return comm.all_gather(group, held, self.dim, sizes)
+
+
+class _AllToAll(_GroupStep):
+    collective = "all_to_all"
+
+    def __init__(self, before, after, mesh_axis, split_dim, concat_dim):
+        super().__init__(before, after, mesh_axis)
+        self.split_dim, self.concat_dim = split_dim, concat_dim
+
+    def cost(self):
+        return self.frac() * max(self.before.local_nbytes(r) for r in self.before.placement.rank_list)
+
+    def run_group(self, comm, group, held):
+        split_sizes = [self.after.local_shape(g)[self.split_dim] for g in group]
+        concat_sizes = [self.before.local_shape(g)[self.concat_dim] for g in group]
+        return comm.all_to_all(group, held, self.split_dim, split_sizes, self.concat_dim,
+                               concat_sizes)
+
+
+class _AllReduce(_GroupStep):
+    collective = "all_reduce"
+
+    def __init__(self, before, after, mesh_axis, op: ReduceOp):
+        super().__init__(before, after, mesh_axis)
+        self.op = op
+
+    def cost(self):
+        return 2 * self.frac() * max(self.before.local_nbytes(r)
+                                     for r in self.before.placement.rank_list)
+
+    def run_group(self, comm, group, held):
+        return comm.all_reduce(group, held, self.op)
+
+
+class _ReduceScatter(_GroupStep):
+    collective = "reduce_scatter"
+
+    def __init__(self, before, after, mesh_axis, op: ReduceOp, dim: int):
+        super().__init__(before, after, mesh_axis)
+        self.op, self.dim = op, dim
+
+    def cost(self):
+        return self.frac() * max(self.before.local_nbytes(r) for r in self.before.placement.rank_list)
+
+    def run_group(self, comm, group, held):
+        sizes = [self.after.local_shape(g)[self.dim] for g in group]
+        return comm.reduce_scatter(group, held, self.op, self.dim, sizes)
+
+
+class _Slice(_Step):
+    """B -> S(d): keep this rank's part."""
+
+    collective = "slice"
+
+    def run(self, comm, shards):
+        return {r: a[_slices(self.after.box(r), self.before.box(r))] for r, a in shards.items()}
+
+
+class _ToPartial(_Step):
+    """B -> P or S -> P: the rank at index 0 of the axis (B) or each rank's own region (S)
+    keeps its values inside an identity-filled array of the new local shape."""
+
+    collective = "pad_partial"
+
+    def __init__(self, before, after, mesh_axis, op: ReduceOp, from_split: bool):
+        super().__init__(before, after, mesh_axis)
+        self.op, self.from_split = op, from_split
+
+    def run(self, comm, shards):
+        out = {}
+        p = self.before.placement
+        for r, a in shards.items():
+            if not self.from_split and p.coord(r)[self.mesh_axis] == 0:
+                out[r] = a
+                continue
+            xp = array_module(a)
+            full = xp.full(self.after.local_shape(r), self.op.identity(a.dtype), dtype=a.dtype)
+            if self.from_split:
+                full[_slices(self.before.box(r), self.after.box(r))] = a
+            out[r] = full
+        return out
+
+
+class _Exchange(_Step):
+    """Point-to-point move of intersecting regions between two placements."""
+
+    collective = "send_recv"
+
+    def __init__(self, before: Layout, after: Layout):
+        super().__init__(before, after)
+        self.messages = self._route()
+
+    def _route(self) -> list:
+        src, dst = self.before, self.after
+        # source regions, each with the ranks holding a replica of it
+        holders: dict = {}
+        for r in src.placement.rank_list:
+            holders.setdefault(src.box(r), []).append(r)
+        messages, tag = [], {}
+        for i, d in enumerate(dst.placement.rank_list):
+            want = dst.box(d)
+            for region, ranks in holders.items():
+                piece = _intersect(want, region)
+                if piece is None:
+                    continue
+                s = d if d in ranks else ranks[i % len(ranks)]
+                t = tag.get((s, d), 0)
+                tag[(s, d)] = t + 1
+                messages.append((Message(s, d, t, tuple(b - a for a, b in piece), src.dtype),
+                                 piece))
+        return messages
+
+    def cost(self):
+        return float(sum(int(np.prod(m.shape, dtype=np.int64)) * self.before.dtype.itemsize
+                         for m, _ in self.messages if m.src != m.dst))
+
+    def run(self, comm, shards):
+        sends = {m: shards[m.src][_slices(piece, self.before.box(m.src))]
+                 for m, piece in self.messages if m.src in shards}
+        for m in list(sends):
+            if array_module(sends[m]) is not np and m.src != m.dst:
+                sends[m] = sends[m].get()  # host-staged when crossing processes
+        received = comm.exchange([m for m, _ in self.messages], sends)
+        out = {}
+        device, dtype = self.after.placement.device, self.after.dtype
+        xp = array_module(device)
+        for d in self.after.placement.rank_list:
+            if d not in comm.held_ranks:
+                continue
+            want = self.after.box(d)
+            buf = xp.empty(tuple(b - a for a, b in want), dtype=dtype)
+            for m, piece in self.messages:
+                if m.dst == d:
+                    buf[_slices(piece, want)] = _to_xp(received[m], device)
+            out[d] = buf
+        debug.record(self, sum(int(np.prod(m.shape, dtype=np.int64)) * dtype.itemsize
+                               for m, _ in self.messages
+                               if m.src != m.dst and (m.src in shards or m.dst in out)))
+        return out
+
+
+# ----------------------------------------------------------------------------- planning
+def _axis_steps(layout: Layout, axis: int, target: SBP) -> list:
+    """1-D conversion of one mesh axis; valid when no later axis splits the same dims."""
+    src = layout.sbp[axis]
+    steps = []
+
+    def then(entry: SBP, make: Callable):
+        nonlocal layout
+        sbp = list(layout.sbp)
+        sbp[axis] = entry
+        after = layout.with_sbp(sbp)
+        steps.append(make(layout, after))
+        layout = after
+
+    if src == target:
+        return steps
+    if isinstance(src, Partial) and isinstance(target, Partial):  # P(op) -> P(op')
+        then(Broadcast(), lambda b, a: _AllReduce(b, a, axis, src.op))
+        src = Broadcast()
+    if isinstance(src, Split):
+        if isinstance(target, Split):
+            then(target, lambda b, a: _AllToAll(b, a, axis, target.dim, src.dim))
+        elif isinstance(target, Broadcast):
+            then(target, lambda b, a: _AllGather(b, a, axis, src.dim))
+        else:
+            then(target, lambda b, a: _ToPartial(b, a, axis, target.op, from_split=True))
+    elif isinstance(src, Broadcast):
+        if isinstance(target, Split):
+            then(target, lambda b, a: _Slice(b, a, axis))
+        else:
+            then(target, lambda b, a: _ToPartial(b, a, axis, target.op, from_split=False))
+    else:  # Partial -> B / S
+        if isinstance(target, Split):
+            then(target, lambda b, a: _ReduceScatter(b, a, axis, src.op, target.dim))
+        else:
+            then(target, lambda b, a: _AllReduce(b, a, axis, src.op))
+    return steps
+
+
+def _same_placement_steps(src: Layout, dst_sbp: tuple) -> list:
+    n = len(dst_sbp)
+    changed = [a for a in range(n) if src.sbp[a] != dst_sbp[a]]
+    touched = {a: _dims(src.sbp[a]) | _dims(dst_sbp[a]) for a in range(n)}
+    # a later axis whose split nests inside a changed axis's dims must be rebuilt too
+    for b in range(n):
+        if b not in changed and any(a < b and touched[a] & touched[b] for a in changed):
+            changed.append(b)
+    changed.sort()
+    independent = all(not (touched[a] & touched[b]) for a in changed for b in changed if a < b)
+    steps, layout = [], src
+    if independent:
+        # scatters first (later steps then move less), gathers and reductions last
+        def order(a):
+            t = dst_sbp[a]
+            return 0 if isinstance(t, Split) else 1 if isinstance(t, Partial) else 2
+        for a in sorted(changed, key=order):
+            new = _axis_steps(layout, a, dst_sbp[a])
+            steps += new
+            layout = new[-1].after if new else layout
+        return steps
+    for a in reversed(changed):  # unwind, innermost split first
+        new = _axis_steps(layout, a, Broadcast())
+        steps += new
+        layout = new[-1].after if new else layout
+    for a in changed:  # rebuild, outermost first
+        new = _axis_steps(layout, a, dst_sbp[a])
+        steps += new
+        layout = new[-1].after if new else layout
+    return steps
+
+
+def _without_partial(layout: Layout, scatter: bool) -> tuple:
+    """``layout``'s SBP with partial axes replaced by a split of the largest dim (``scatter``)
+    or by broadcast."""
+    dims = [d for d in np.argsort(layout.shape, kind="stable")[::-1]] if layout.ndim else []
+    repl = Split(int(dims[0])) if scatter and dims else Broadcast()
+    return tuple(repl if isinstance(s, Partial) else s for s in layout.sbp)
+
+
+@lru_cache(maxsize=4096)
+def plan(src: Layout, dst: Layout) -> tuple:
+    """The cached list of steps that turns ``src`` shards into ``dst`` shards."""
+    if src.placement == dst.placement:
+        return tuple(_same_placement_steps(src, dst.sbp))
+    steps = []
+    mid_sbp = _without_partial(src, scatter=True)
+    steps += _same_placement_steps(src, mid_sbp)
+    mid = src.with_sbp(mid_sbp)
+    landed = Layout(dst.shape, dst.dtype, dst.placement, _without_partial(dst, scatter=False))
+    steps.append(_Exchange(mid, landed))
+    steps += _same_placement_steps(landed, dst.sbp)
+    return tuple(steps)
+
+
+def cost(src: Layout, dst: Layout) -> float:
+    """Estimated bytes moved per rank by boxing ``src`` into ``dst`` (0 when local)."""
+    return sum(step.cost() for step in plan(src, dst))
+
+
+def box(shards: dict, src: Layout, dst: Layout) -> dict:
+    """Run the plan from ``src`` to ``dst`` on this process's ``{rank: array}`` shards."""
+    if src == dst:
+        return shards
+    comm = world().comm
+    for step in plan(src, dst):
+        shards = step.run(comm, shards)
+    return shards

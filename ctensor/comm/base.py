@@ -1,0 +1,89 @@
+"""The one small interface every backend implements.
+
+A process *holds* a set of ranks: one under MPI/NCCL, all of them in simulation. Every
+collective therefore takes and returns ``{rank: array}`` dicts covering the ranks of the
+group that this process holds, so the caller has a single code path for all backends.
+
+Groups are tuples of global ranks in mesh order; a rank's position in the tuple is its
+index in the collective (the order parts are concatenated and scattered in). Arrays are
+NumPy or CuPy; a backend may run collectives on the current CuPy stream without a host
+synchronisation (``nccl.py``), so callers must not read results on the host before the
+array module is asked to.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from ..sbp import ReduceOp
+
+Group = tuple  # tuple[int, ...] of global ranks, in collective order
+Shards = Mapping[int, Any]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One point-to-point transfer: ``src`` sends an array of ``shape``/``dtype`` to ``dst``.
+
+    ``tag`` tells apart several messages between the same pair inside one exchange.
+    """
+
+    src: int
+    dst: int
+    tag: int
+    shape: tuple
+    dtype: Any
+
+
+class Communicator(ABC):
+    """Collectives over groups of global ranks; see the module docstring for the contract."""
+
+    #: number of ranks in the world
+    size: int
+    #: the ranks this process holds, ascending
+    held_ranks: tuple
+
+    def holds(self, rank: int) -> bool:
+        return rank in self.held_ranks
+
+    # --------------------------------------------------------------- collectives
+    @abstractmethod
+    def all_reduce(self, group: Group, bufs: Shards, op: ReduceOp) -> dict:
+        """Every member gets the elementwise reduction of all members' arrays (same shape)."""
+
+    @abstractmethod
+    def all_gather(self, group: Group, bufs: Shards, dim: int, sizes: Sequence[int]) -> dict:
+        """Every member gets the members' arrays concatenated along ``dim`` in group order.
+
+        ``sizes[i]`` is member ``i``'s length along ``dim``; they may differ (uneven shards,
+        empty parts).
+        """
+
+    @abstractmethod
+    def reduce_scatter(self, group: Group, bufs: Shards, op: ReduceOp, dim: int,
+                       sizes: Sequence[int]) -> dict:
+        """Reduce the members' equal-shape arrays, then give member ``i`` the ``i``-th part
+        along ``dim``, parts having ``sizes`` (uneven allowed)."""
+
+    @abstractmethod
+    def all_to_all(self, group: Group, bufs: Shards, split_dim: int, split_sizes: Sequence[int],
+                   concat_dim: int, concat_sizes: Sequence[int]) -> dict:
+        """Member ``i`` cuts its array along ``split_dim`` into parts of ``split_sizes`` and
+        sends part ``j`` to member ``j``; each member concatenates what it receives along
+        ``concat_dim`` in group order. ``concat_sizes[i]`` is member ``i``'s length along
+        ``concat_dim``."""
+
+    @abstractmethod
+    def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
+        """Point-to-point transfers. ``sends`` holds the array of every message whose ``src``
+        this process holds; returns ``{message: array}`` for every message whose ``dst`` it
+        holds. Messages with ``src == dst`` are handed over without communication."""
+
+    @abstractmethod
+    def all_gather_object(self, group: Group, objs: Shards) -> dict:
+        """Small Python metadata (shapes, fingerprints): every member gets the list of all
+        members' objects in group order. Never used for tensor data."""
+
+    def barrier(self) -> None:
+        """Wait for every rank of the world (no-op where the process holds all ranks)."""

@@ -1,0 +1,264 @@
+"""Constructors: ``tensor``, ``from_local``, ``zeros``, ``ones``, ``full``, ``arange`` and the
+``*_like`` forms.
+
+Every constructor builds only the shards this process holds, straight from the logical
+description; the only one that communicates is :func:`from_local`, which checks the shards
+that the ranks passed in against the uneven-split rule.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import numpy as np
+
+from . import autograd, boxing
+from .layout import Layout
+from .placement import Placement
+from .registry import register
+from .runtime import array_module, get_default_dtype, world
+from .sbp import Broadcast, Partial, normalize_sbp, local_shape, format_sbp
+from .tensor import Tensor
+
+__all__ = ["tensor", "from_local", "zeros", "ones", "full", "arange", "zeros_like",
+           "ones_like", "full_like", "empty"]
+
+
+def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
+    """Check and default the (shape, placement, sbp, dtype) arguments of a constructor."""
+    if placement is None:
+        placement = Placement.all()
+    elif not isinstance(placement, Placement):
+        raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
+                        f"{placement!r} ({type(placement).__name__})")
+    placement.check_world(world().size, fn)
+    shape = tuple(shape)
+    for n in shape:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"{fn}: argument 'shape' must hold non-negative ints, got "
+                             f"{shape!r}")
+    shape = tuple(int(n) for n in shape)
+    if sbp is None:
+        sbp = (Broadcast(),) * placement.ndim
+    sbp = normalize_sbp(sbp, placement.ndim, len(shape), fn)
+    try:
+        dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
+    except TypeError as exc:
+        raise TypeError(f"{fn}: argument 'dtype' is not a dtype: {dtype!r}") from exc
+    return Layout(shape, dtype, placement, sbp)
+
+
+def _shape_args(fn: str, size: tuple) -> tuple:
+    if len(size) == 1 and isinstance(size[0], (tuple, list)):
+        return tuple(size[0])
+    return tuple(size)
+
+
+def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Tensor:
+    """A tensor whose every shard is ``fill(xp, box, dtype)`` (the logical values in region
+    ``box``). Partial axes: the value sits at index 0 of each partial axis, the reduction's
+    identity elsewhere, so the logical value is the stated one."""
+    xp = array_module(layout.placement.device)
+    p = layout.placement
+    partial_axes = [(a, s.op) for a, s in enumerate(layout.sbp) if isinstance(s, Partial)]
+    shards = {}
+    for r in world().held_ranks:
+        if r not in p:
+            continue
+        box = layout.box(r)
+        coord = p.coord(r)
+        ops = [op for a, op in partial_axes if coord[a] != 0]
+        if ops:
+            shards[r] = xp.full(layout.local_shape(r), ops[0].identity(layout.dtype),
+                                dtype=layout.dtype)
+        else:
+            shards[r] = xp.asarray(fill(xp, box, layout.dtype), dtype=layout.dtype)
+    return Tensor(layout, shards, requires_grad=requires_grad)
+
+
+def _check_grad(fn: str, dtype: np.dtype, requires_grad: bool) -> None:
+    if requires_grad and dtype.kind not in "fc":
+        raise ValueError(f"{fn}: requires_grad=True needs a floating dtype, got {dtype}")
+
+
+def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
+           requires_grad: bool = False) -> Tensor:
+    """A global tensor from its full logical value ``data`` (the same on every rank).
+
+    >>> x = ct.tensor([[1., 2.], [3., 4.]], placement=ct.placement("cpu", [0, 1]),
+    ...               sbp=ct.sbp.split(0))     # rank 0 holds row 0, rank 1 row 1
+    """
+    if isinstance(data, Tensor):
+        raise TypeError("tensor: argument 'data' is already a ct.Tensor; use "
+                        "x.to_global(placement, sbp) or x.to(dtype)")
+    src = data.get() if type(data).__module__.startswith("cupy") else data
+    if dtype is None and not isinstance(src, (np.ndarray, np.generic)):
+        arr = np.asarray(src)
+        if arr.dtype.kind == "f":
+            arr = arr.astype(get_default_dtype())
+    else:
+        arr = np.asarray(src, dtype=dtype)
+    if arr.dtype == object or arr.dtype.kind in "USV":
+        raise TypeError(f"tensor: argument 'data' must be numeric (a number, nested list or "
+                        f"array), got dtype {arr.dtype}")
+    layout = resolve("tensor", arr.shape, placement, sbp, arr.dtype)
+    _check_grad("tensor", layout.dtype, requires_grad)
+    return generate(layout, lambda xp, box, dt: arr[tuple(slice(a, b) for a, b in box)].copy(),
+                    requires_grad)
+
+
+def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
+    """A global tensor from the shards the ranks hold (collective: every rank calls it).
+
+    ``local`` is this rank's array (``None`` outside the placement) or, in a simulation
+    holding several ranks, a ``{rank: array}`` mapping. Shards must fit the uneven-split
+    rule for the (given or inferred) logical ``shape``.
+
+    >>> with ct.simulate(2):
+    ...     x = ct.from_local({0: np.ones((3, 2)), 1: np.ones((2, 2))},
+    ...                       ct.placement("cpu", [0, 1]), ct.sbp.split(0))   # shape (5, 2)
+    """
+    fn = "from_local"
+    w = world()
+    if not isinstance(placement, Placement):
+        raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
+                        f"{placement!r} ({type(placement).__name__})")
+    placement.check_world(w.size, fn)
+    held = [r for r in w.held_ranks if r in placement]
+    if isinstance(local, dict):
+        missing = [r for r in held if r not in local]
+        extra = [r for r in local if r not in held]
+        if missing or extra:
+            raise ValueError(f"{fn}: argument 'local' must map every rank this process holds "
+                             f"in the placement {held} to its array; missing {missing}, "
+                             f"not held or not in the placement {extra}")
+        arrays = dict(local)
+    elif len(w.held_ranks) > 1:
+        raise ValueError(f"{fn}: argument 'local' must be a {{rank: array}} mapping in a "
+                         f"simulation of {w.size} ranks, got {type(local).__name__}")
+    elif held and local is None:
+        raise ValueError(f"{fn}: rank {held[0]} is in the placement but passed local=None")
+    else:
+        arrays = {held[0]: local} if held else {}
+    xp = array_module(placement.device)
+    arrays = {r: xp.asarray(a) for r, a in arrays.items()}
+    # every rank of the world learns every shard's shape and dtype, so all of them (those
+    # outside the placement too) build the same layout and raise the same errors
+    meta = {r: ((tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
+            for r in w.held_ranks}
+    world_ranks = tuple(range(w.size))
+    listing = next(iter(w.comm.all_gather_object(world_ranks, meta).values()))
+    everyone = {r: m for r, m in zip(world_ranks, listing) if r in placement}
+    return _assemble(fn, arrays, everyone, placement, sbp, shape)
+
+
+def _assemble(fn, arrays, everyone, placement, sbp, shape) -> Tensor:
+    shapes = {r: tuple(s) for r, (s, _) in everyone.items()}
+    dtypes = {d for _, d in everyone.values()}
+    if len(dtypes) != 1:
+        raise ValueError(f"{fn}: ranks passed shards of different dtypes "
+                         f"{ {r: d for r, (_, d) in everyone.items()} }; cast them to one dtype")
+    ndims = {len(s) for s in shapes.values()}
+    if len(ndims) != 1:
+        raise ValueError(f"{fn}: ranks passed shards with different numbers of dims {shapes}")
+    ndim = ndims.pop()
+    sbp_t = normalize_sbp(sbp, placement.ndim, ndim, fn)
+    if shape is None:
+        shape = []
+        for d in range(ndim):
+            axes = [a for a, s in enumerate(sbp_t) if getattr(s, "dim", None) == d]
+            total = 0
+            for r in placement.rank_list:
+                c = placement.coord(r)
+                if all(c[a] == 0 for a in range(placement.ndim) if a not in axes):
+                    total += shapes[r][d]
+            shape.append(total if axes else shapes[placement.rank_list[0]][d])
+    layout = resolve(fn, shape, placement, sbp_t, dtypes.pop())
+    bad = {r: s for r, s in shapes.items()
+           if s != local_shape(layout.shape, layout.sbp, placement.shape, placement.coord(r))}
+    if bad:
+        want = {r: layout.local_shape(r) for r in bad}
+        raise ValueError(f"{fn}: shards do not fit the uneven-split rule for shape "
+                         f"{layout.shape} with sbp {format_sbp(layout.sbp)}: given {bad}, "
+                         f"expected {want} (part i of n split over k has n//k + (i < n%k))")
+    return Tensor(layout, arrays)
+
+
+def full(*size, fill_value=None, placement=None, sbp=None, dtype=None,
+         requires_grad: bool = False) -> Tensor:
+    """A tensor of ``size`` filled with ``fill_value`` (``ct.full((2, 3), 7.0)``)."""
+    if fill_value is None:
+        if len(size) >= 2 and not isinstance(size[-1], (tuple, list)):
+            *size, fill_value = size
+            size = tuple(size)
+        else:
+            raise TypeError("full: missing argument 'fill_value'")
+    shape = _shape_args("full", size)
+    if dtype is None:
+        dtype = (np.dtype(bool) if isinstance(fill_value, bool) else
+                 np.dtype(np.int64) if isinstance(fill_value, int) else None)
+    layout = resolve("full", shape, placement, sbp, dtype)
+    _check_grad("full", layout.dtype, requires_grad)
+    return generate(layout, lambda xp, box, dt: xp.full(tuple(b - a for a, b in box),
+                                                        fill_value, dtype=dt), requires_grad)
+
+
+def zeros(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of zeros (``ct.zeros(4, 8, placement=p, sbp=ct.sbp.split(0))``)."""
+    return full(_shape_args("zeros", size), fill_value=0.0 if dtype is None else 0,
+                placement=placement, sbp=sbp, dtype=dtype, requires_grad=requires_grad)
+
+
+def ones(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """A tensor of ones; with a partial SBP the logical value is still ones."""
+    return full(_shape_args("ones", size), fill_value=1.0 if dtype is None else 1,
+                placement=placement, sbp=sbp, dtype=dtype, requires_grad=requires_grad)
+
+
+def empty(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
+    """Same as :func:`zeros` (shards are always initialised)."""
+    return zeros(*size, placement=placement, sbp=sbp, dtype=dtype, requires_grad=requires_grad)
+
+
+def arange(start, end=None, step=1, placement=None, sbp=None, dtype=None,
+           requires_grad: bool = False) -> Tensor:
+    """``start, start+step, ...`` below ``end`` (``ct.arange(10, sbp=ct.sbp.split(0))``)."""
+    if end is None:
+        start, end = 0, start
+    if step == 0:
+        raise ValueError("arange: argument 'step' must be non-zero")
+    n = max(0, int(np.ceil((end - start) / step)))
+    if dtype is None:
+        ints = all(isinstance(v, (int, np.integer)) for v in (start, end, step))
+        dtype = np.int64 if ints else None
+    layout = resolve("arange", (n,), placement, sbp, dtype)
+    _check_grad("arange", layout.dtype, requires_grad)
+    return generate(layout, lambda xp, box, dt: (start + step * xp.arange(box[0][0], box[0][1]))
+                    .astype(dt), requires_grad)
+
+
+def _like(fn, x, fill, dtype, placement, sbp, requires_grad):
+    return full(x.shape, fill_value=fill, placement=placement or x.placement,
+                sbp=sbp if sbp is not None else tuple(
+                    Broadcast() if isinstance(s, Partial) else s for s in x.sbp),
+                dtype=dtype or x.dtype, requires_grad=requires_grad)
+
+
+@register("zeros_like")
+def zeros_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=False) -> Tensor:
+    """Zeros with ``x``'s shape, dtype, placement and (non-partial) SBP."""
+    return _like("zeros_like", x, 0, dtype, placement, sbp, requires_grad)
+
+
+@register("ones_like")
+def ones_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=False) -> Tensor:
+    """Ones with ``x``'s shape, dtype, placement and (non-partial) SBP."""
+    return _like("ones_like", x, 1, dtype, placement, sbp, requires_grad)
+
+
+@register("full_like")
+def full_like(x: Tensor, fill_value, dtype=None, placement=None, sbp=None,
+              requires_grad=False) -> Tensor:
+    return _like("full_like", x, fill_value, dtype, placement, sbp, requires_grad)
+
+
+_ = (autograd, boxing)

@@ -1,0 +1,286 @@
+"""The op registry and the one dispatch path every op goes through.
+
+An op is declared once (see ``ops/``) as an :class:`OpDef`:
+
+* ``meta(layouts, **attrs)`` -> ``[(shape, dtype), ...]`` of the outputs; it validates the
+  arguments and raises ``ValueError``/``TypeError`` before any communication;
+* ``signatures(layouts, **attrs)`` -> the 1-D :class:`Signature` list (input SBPs ->
+  output SBPs), written for one mesh axis and expanded over N-D meshes here;
+* ``kernel(xp, *arrays, **attrs)`` -> the local result(s) of one shard (``ctx=`` is passed
+  too when the op declares ``needs_ctx``: the shard's rank and regions);
+* ``backward(ctx, *grads)`` -> one grad per tensor input, written in ctensor ops.
+
+:func:`apply` checks placements, computes the output metadata, picks per mesh axis the
+signature that moves the fewest bytes (ties: the earlier declared; cached per op,
+attributes and input layouts), boxes the inputs, runs the kernel on every held shard and
+records the op on the autograd tape.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from . import autograd, boxing, debug
+from .layout import Layout
+from .placement import Placement
+from .runtime import array_module, get_default_dtype, world
+from .sbp import SBP, Broadcast, Partial, Split, format_sbp
+from .tensor import Tensor
+
+__all__ = ["OpDef", "Signature", "apply", "op", "REGISTRY", "as_tensor", "KernelContext",
+           "BackwardContext", "sig"]
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One 1-D rule: the SBP each tensor input must have and the SBP of each output."""
+
+    inputs: tuple
+    outputs: tuple
+
+    def __repr__(self) -> str:
+        return f"{format_sbp(self.inputs)} -> {format_sbp(self.outputs)}"
+
+
+def sig(inputs: Sequence, outputs) -> Signature:
+    """Shorthand: ``sig([S(0), B], S(0))``."""
+    outputs = tuple(outputs) if isinstance(outputs, (list, tuple)) else (outputs,)
+    return Signature(tuple(inputs), outputs)
+
+
+@dataclass
+class OpDef:
+    name: str
+    meta: Callable
+    signatures: Callable
+    kernel: Callable
+    backward: Optional[Callable] = None
+    needs_ctx: bool = False
+    n_outputs: int = 1
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def op(name: str, *, meta: Callable, signatures: Callable, backward: Optional[Callable] = None,
+       needs_ctx: bool = False, n_outputs: int = 1) -> Callable:
+    """Decorator on a kernel: declare the op ``name`` (kernel, signatures, backward together)."""
+    def wrap(kernel: Callable) -> OpDef:
+        opdef = OpDef(name, meta, signatures, kernel, backward, needs_ctx, n_outputs)
+        REGISTRY[name] = opdef
+        return opdef
+    return wrap
+
+
+@dataclass
+class KernelContext:
+    """What a kernel may need about its shard: its rank and the logical regions
+    (``(start, stop)`` per dim) of its inputs and outputs."""
+
+    rank: int
+    in_layouts: tuple
+    out_layouts: tuple
+
+    def in_box(self, i: int) -> tuple:
+        return self.in_layouts[i].box(self.rank)
+
+    def out_box(self, i: int = 0) -> tuple:
+        return self.out_layouts[i].box(self.rank)
+
+    def coord(self) -> tuple:
+        return self.out_layouts[0].placement.coord(self.rank)
+
+
+@dataclass
+class BackwardContext:
+    """Handed to an op's backward: the (boxed) inputs, the outputs and the attributes."""
+
+    inputs: tuple
+    outputs: tuple
+    attrs: dict
+    extra: dict = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+def _attrs_key(attrs: dict):
+    def freeze(v):
+        if isinstance(v, (list, tuple)):
+            return tuple(freeze(x) for x in v)
+        if isinstance(v, slice):
+            return ("slice", v.start, v.stop, v.step)
+        if isinstance(v, np.ndarray):
+            return ("array", v.shape, v.dtype.str, v.tobytes())
+        if isinstance(v, dict):
+            return tuple(sorted((k, freeze(x)) for k, x in v.items()))
+        return v
+    return tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
+
+
+def _constant(value, placement: Placement, dtype=None) -> Tensor:
+    """A Python scalar or array as a broadcast constant on ``placement``."""
+    arr = np.asarray(value, dtype=dtype)
+    if arr.dtype == object:
+        raise TypeError(f"cannot use {value!r} ({type(value).__name__}) as a tensor operand")
+    xp = array_module(placement.device)
+    layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
+    held = [r for r in world().held_ranks if r in placement]
+    return Tensor(layout, {r: xp.asarray(arr) for r in held})
+
+
+def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
+    """dtype of a Python scalar operand: it follows the tensors' kind like PyTorch does."""
+    if isinstance(value, np.generic) or isinstance(value, np.ndarray):
+        return np.asarray(value).dtype
+    kinds = {d.kind for d in others}
+    if isinstance(value, bool):
+        return np.dtype(bool)
+    if isinstance(value, int):
+        for d in others:
+            if d.kind in "iufc":
+                return d if d.kind != "u" else np.dtype(np.int64)
+        return np.dtype(np.int64)
+    if isinstance(value, float):
+        for d in others:
+            if d.kind in "fc":
+                return d
+        return get_default_dtype()
+    if isinstance(value, complex):
+        return np.dtype(np.complex128)
+    _ = kinds
+    return np.asarray(value).dtype
+
+
+def as_tensor(values: Sequence, opname: str) -> list:
+    """Promote scalars/arrays among ``values`` to broadcast constants on the tensors'
+    placement; check that all tensors share one placement."""
+    tensors = [v for v in values if isinstance(v, Tensor)]
+    if not tensors:
+        raise TypeError(f"{opname}: expected at least one ct.Tensor argument, got "
+                        f"{[type(v).__name__ for v in values]}")
+    placement = tensors[0].placement
+    for t in tensors[1:]:
+        if t.placement != placement:
+            raise ValueError(f"{opname}: inputs have different placements {placement!r} and "
+                             f"{t.placement!r}; move one with "
+                             f".to_global(placement=...) first")
+    dtypes = [t.dtype for t in tensors]
+    out = []
+    for v in values:
+        if isinstance(v, Tensor) or v is None:
+            out.append(v)
+        elif isinstance(v, (bool, int, float, complex, np.generic, np.ndarray, list)):
+            out.append(_constant(v, placement, None if isinstance(v, (np.ndarray, list))
+                                 else _scalar_dtype(v, dtypes)))
+        else:
+            raise TypeError(f"{opname}: unsupported operand {v!r} ({type(v).__name__}); "
+                            f"expected a ct.Tensor, a Python number or a NumPy array")
+    return out
+
+
+# --------------------------------------------------------------------------- choice
+_choice_cache: dict = {}
+
+
+def _choose(opdef: OpDef, layouts: tuple, attrs: dict, akey, out_meta) -> tuple:
+    key = (opdef.name, akey, layouts)
+    hit = _choice_cache.get(key)
+    if hit is not None:
+        return hit
+    placement = layouts[0].placement
+    candidates = opdef.signatures(layouts, **attrs)
+    if not candidates:
+        raise ValueError(f"{opdef.name}: no SBP signature for inputs "
+                         f"{[format_sbp(l.sbp) for l in layouts]}")
+    in_sbp = [list(l.sbp) for l in layouts]
+    out_sbp = [[None] * placement.ndim for _ in out_meta]
+    for axis in range(placement.ndim):
+        best, best_cost = None, None
+        for cand in candidates:
+            total = 0.0
+            for i, l in enumerate(layouts):
+                if l.sbp[axis] == cand.inputs[i]:
+                    continue
+                sbp = list(l.sbp)
+                sbp[axis] = cand.inputs[i]
+                total += boxing.cost(l, l.with_sbp(sbp)) + 1e-9 * (axis + 1)
+            if best is None or total < best_cost:
+                best, best_cost = cand, total
+        for i in range(len(layouts)):
+            in_sbp[i][axis] = best.inputs[i]
+        for j in range(len(out_meta)):
+            out_sbp[j][axis] = best.outputs[j]
+    targets = tuple(l.with_sbp(s) for l, s in zip(layouts, in_sbp))
+    outs = tuple(Layout(tuple(shape), np.dtype(dtype), placement, tuple(s))
+                 for (shape, dtype), s in zip(out_meta, out_sbp))
+    _choice_cache[key] = (targets, outs)
+    return targets, outs
+
+
+def choice(name: str, *args, **attrs) -> tuple:
+    """The (input layouts after boxing, output layouts) dispatch would use; for tests and
+    debugging."""
+    opdef = REGISTRY[name]
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    layouts = tuple(t._layout for t in tensors)
+    out_meta = opdef.meta(layouts, **attrs)
+    return _choose(opdef, layouts, attrs, _attrs_key(attrs), out_meta)
+
+
+# --------------------------------------------------------------------------- apply
+def apply(name: str, inputs: Sequence, **attrs):
+    """Run op ``name`` on ``inputs`` (tensors; scalars already promoted) with ``attrs``."""
+    opdef = REGISTRY[name]
+    tensors = list(inputs)
+    placement = tensors[0].placement
+    for t in tensors[1:]:
+        if t.placement != placement:
+            raise ValueError(f"{name}: inputs have different placements {placement!r} and "
+                             f"{t.placement!r}; move one with .to_global(placement=...) first")
+    layouts = tuple(t._layout for t in tensors)
+    out_meta = opdef.meta(layouts, **attrs)
+    targets, out_layouts = _choose(opdef, layouts, attrs, _attrs_key(attrs), out_meta)
+
+    boxed = []
+    with debug.current_op(name):
+        for t, target in zip(tensors, targets):
+            if t._layout == target:
+                boxed.append(t)
+            else:
+                boxed.append(Tensor(target, boxing.box(t._shards, t._layout, target)))
+
+    results: list = [dict() for _ in out_layouts]
+    xp = array_module(placement.device)
+    for rank in world().held_ranks:
+        if rank not in placement:
+            continue
+        arrays = [b._shards[rank] for b in boxed]
+        if opdef.needs_ctx:
+            out = opdef.kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
+                               **attrs)
+        else:
+            out = opdef.kernel(xp, *arrays, **attrs)
+        if opdef.n_outputs == 1:
+            out = (out,)
+        for j, (arr, layout) in enumerate(zip(out, out_layouts)):
+            arr = xp.asarray(arr)
+            if arr.dtype != layout.dtype:
+                arr = arr.astype(layout.dtype)
+            results[j][rank] = arr
+    outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
+
+    if opdef.backward is not None and autograd.is_grad_enabled() \
+            and any(t.requires_grad for t in tensors):
+        ctx = BackwardContext(tuple(b.detach() if b is not t else t.detach()
+                                    for b, t in zip(boxed, tensors)),
+                              tuple(o.detach() for o in outputs), attrs)
+        backward = opdef.backward
+
+        def backward_fn(grads, ctx=ctx, backward=backward):
+            if opdef.n_outputs == 1:
+                return backward(ctx, grads[0])
+            return backward(ctx, *grads)
+
+        autograd.record(name, tensors, outputs, backward_fn)
+    return outputs[0] if opdef.n_outputs == 1 else tuple(outputs)

@@ -1,0 +1,239 @@
+"""The global tensor type: logical metadata plus the shards this process holds.
+
+A :class:`Tensor` is *logical*: its shape is the whole tensor's, whatever the layout.
+``_shards`` maps each rank this process holds (and the placement contains) to that rank's
+NumPy/CuPy array. The type holds no op bodies and does no communication: operators and
+methods call the functions that ``ops/`` registered in :mod:`ctensor.registry`.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+
+from .layout import Layout
+from .registry import OPS
+from .runtime import Mode, world
+from .sbp import format_sbp
+
+__all__ = ["Tensor"]
+
+
+class Tensor:
+    """A global tensor: ``shape``, ``dtype``, ``placement``, ``sbp`` and per-rank shards.
+
+    Make one with :func:`ct.tensor`, :func:`ct.from_local` or a constructor such as
+    :func:`ct.zeros`; redistribute with :meth:`to_global`.
+    """
+
+    __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
+                 "__weakref__")
+    __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
+
+    def __init__(self, layout: Layout, shards: dict, requires_grad: bool = False):
+        self._layout = layout
+        self._shards = shards
+        self.requires_grad = requires_grad
+        self.grad: Optional[Tensor] = None
+        self._node = None  # autograd.Node that produced this tensor (None for leaves)
+        self._out_index = 0  # which output of that node this tensor is
+        self._version = 0
+
+    # ----------------------------------------------------------------- metadata
+    @property
+    def shape(self) -> tuple:
+        return self._layout.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._layout.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self._layout.shape)
+
+    def dim(self) -> int:
+        return self.ndim
+
+    @property
+    def placement(self):
+        return self._layout.placement
+
+    @property
+    def sbp(self) -> tuple:
+        return self._layout.sbp
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._node is None
+
+    @property
+    def grad_fn(self):
+        return self._node
+
+    @property
+    def device(self) -> str:
+        return self._layout.placement.device
+
+    def size(self, dim: Optional[int] = None):
+        """The shape, or its entry at ``dim`` (PyTorch style)."""
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    # ----------------------------------------------------------------- shards
+    def local_shards(self) -> dict:
+        """``{rank: array}`` for the ranks of the placement that this process holds."""
+        return dict(self._shards)
+
+    def to_local(self, rank: Optional[int] = None):
+        """This rank's shard (``rank`` is required in a simulation of several ranks).
+
+        Returns ``None`` on a process that holds no rank of the placement.
+        """
+        w = world()
+        if rank is None:
+            if len(w.held_ranks) > 1:
+                raise ValueError(f"to_local: argument 'rank' is required in a simulation of "
+                                 f"{w.size} ranks (given None); pass one of "
+                                 f"{list(self.placement.rank_list)} or use local_shards()")
+            rank = w.held_ranks[0]
+        if rank not in self.placement:
+            if rank in w.held_ranks:
+                return None
+            raise ValueError(f"to_local: argument 'rank' is {rank}, which is not in placement "
+                             f"{self.placement!r}")
+        if rank not in self._shards:
+            raise ValueError(f"to_local: rank {rank} is not held by this process (it holds "
+                             f"{list(w.held_ranks)}); under mpiexec each process sees its own "
+                             f"shard only")
+        return self._shards[rank]
+
+    # ----------------------------------------------------------------- conversion
+    def to_global(self, placement=None, sbp=None) -> "Tensor":
+        """Redistribute to ``placement`` (default: the same) and ``sbp`` (default: the same
+        SBP when the placement's mesh has the same number of axes, else broadcast).
+
+        Differentiable; returns ``self`` when nothing changes. Collective: every rank of
+        both placements must call it.
+
+        >>> y = x.to_global(sbp=ct.sbp.broadcast)      # all-gather / all-reduce as needed
+        """
+        return OPS.to_global(self, placement, sbp)
+
+    def numpy(self) -> np.ndarray:
+        """The whole logical value as a NumPy array, on every rank of the world (collective)."""
+        return OPS.full_value(self)
+
+    def item(self):
+        """The value of a one-element tensor as a Python scalar (collective)."""
+        if self.numel() != 1:
+            raise ValueError(f"item: the tensor has {self.numel()} elements (shape "
+                             f"{self.shape}); only one-element tensors can be converted")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self):
+        return self.numpy().tolist()
+
+    def __float__(self) -> float:
+        return float(self.item())
+
+    def __int__(self) -> int:
+        return int(self.item())
+
+    def __bool__(self) -> bool:
+        return bool(self.item())
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr.astype(dtype) if dtype is not None else arr
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        head = (f"tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
+                f"placement={self.placement!r}, sbp={format_sbp(self.sbp)}{grad}")
+        if world().mode is not Mode.MPI and self.numel() <= 64 and self._shards:
+            try:  # in one process the value is at hand without asking other processes
+                body = np.array2string(OPS.full_value(self), separator=", ", prefix="       ")
+                return head + f",\n       {body})"
+            except Exception:  # noqa: BLE001 - repr must never raise
+                pass
+        return head + ")"
+
+    def visualize(self) -> str:
+        """A text picture of the layout (see :func:`ct.debug.visualize`)."""
+        from .debug import visualize
+        return visualize(self)
+
+    # ----------------------------------------------------------------- autograd
+    def backward(self, grad: Optional["Tensor"] = None, retain_graph: bool = False) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (collective)."""
+        from .autograd import backward
+        backward(self, grad, retain_graph=retain_graph)
+
+    def detach(self) -> "Tensor":
+        """The same shards, cut from the graph (no copy)."""
+        return Tensor(self._layout, self._shards)
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        if not self.is_leaf and not requires_grad:
+            raise ValueError("requires_grad_: a non-leaf tensor cannot stop requiring grad; "
+                             "use detach()")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    def zero_(self) -> "Tensor":
+        """Fill with zeros in place (for optimizers and buffers; not differentiable)."""
+        for a in self._shards.values():
+            a[...] = 0
+        self._version += 1
+        return self
+
+    # ----------------------------------------------------------------- operators
+    def __add__(self, o): return OPS.add(self, o)
+    def __radd__(self, o): return OPS.add(o, self)
+    def __sub__(self, o): return OPS.sub(self, o)
+    def __rsub__(self, o): return OPS.sub(o, self)
+    def __mul__(self, o): return OPS.mul(self, o)
+    def __rmul__(self, o): return OPS.mul(o, self)
+    def __truediv__(self, o): return OPS.div(self, o)
+    def __rtruediv__(self, o): return OPS.div(o, self)
+    def __pow__(self, o): return OPS.pow(self, o)
+    def __rpow__(self, o): return OPS.pow(o, self)
+    def __matmul__(self, o): return OPS.matmul(self, o)
+    def __rmatmul__(self, o): return OPS.matmul(o, self)
+    def __neg__(self): return OPS.neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return OPS.abs(self)
+    def __invert__(self): return OPS.logical_not(self)
+    def __eq__(self, o): return OPS.eq(self, o)  # type: ignore[override]
+    def __ne__(self, o): return OPS.ne(self, o)  # type: ignore[override]
+    def __lt__(self, o): return OPS.lt(self, o)
+    def __le__(self, o): return OPS.le(self, o)
+    def __gt__(self, o): return OPS.gt(self, o)
+    def __ge__(self, o): return OPS.ge(self, o)
+    def __and__(self, o): return OPS.logical_and(self, o)
+    def __or__(self, o): return OPS.logical_or(self, o)
+    def __getitem__(self, index): return OPS.getitem(self, index)
+    __hash__ = object.__hash__
+
+    def __getattr__(self, name: str) -> Any:
+        # methods such as x.sum(), x.reshape(), x.exp() are the registered ops of that name
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            fn = getattr(OPS, name)
+        except AttributeError:
+            raise AttributeError(f"'Tensor' object has no attribute {name!r}") from None
+        return lambda *args, **kwargs: fn(self, *args, **kwargs)
+
+    @property
+    def T(self) -> "Tensor":
+        """The tensor with its dims reversed."""
+        return OPS.permute(self, *reversed(range(self.ndim)))

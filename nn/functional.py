@@ -1,0 +1,1 @@
+"""Neural-network ops (``ctensor.nn.functional``), written with ctensor ops."""

@@ -1,0 +1,1 @@
+"""ctensor.optim: optimizers whose states follow their parameters' placement and SBP."""
