@@ -42,8 +42,9 @@ __all__ = ["box", "plan", "cost"]
 
 # ----------------------------------------------------------------------------- helpers
 def _slices(box, within) -> tuple:
-    """Index of region ``box`` inside an array that holds region ``within``."""
-    return tuple(slice(a - w0, b - w0) for (a, b), (w0, _) in zip(box, within))
+    """Index of region ``box`` inside an array that holds region ``within`` (the trailing
+    Ellipsis keeps 0-d results arrays rather than scalars)."""
+    return tuple(slice(a - w0, b - w0) for (a, b), (w0, _) in zip(box, within)) + (Ellipsis,)
 
 
 def _intersect(a, b):
@@ -59,7 +60,7 @@ def _to_xp(arr, device: str):
     """Move an array to ``device``'s array module (no copy when it is already there)."""
     xp = array_module(device)
     if xp is np:
-        return arr if isinstance(arr, np.ndarray) else arr.get()
+        return arr.get() if hasattr(arr, "get") else np.asarray(arr)
     return xp.asarray(arr)
 
 

@@ -87,3 +87,9 @@ class Communicator(ABC):
 
     def barrier(self) -> None:
         """Wait for every rank of the world (no-op where the process holds all ranks)."""
+
+
+def contiguous(arr):
+    """``arr`` in C order, copied only when needed; keeps 0-d shapes (unlike
+    ``ascontiguousarray``)."""
+    return arr if arr.flags.c_contiguous else arr.copy(order="C")

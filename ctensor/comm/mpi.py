@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..sbp import ReduceOp
-from .base import Communicator, Group, Message, Shards
+from .base import Communicator, Group, Message, Shards, contiguous
 
 _REDUCE_TAG = 0
 
@@ -25,7 +25,7 @@ def _mpi():
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
     """Contiguous uint8 view of an array (copies only if it is not C-contiguous)."""
-    return np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    return contiguous(arr).reshape(-1).view(np.uint8)
 
 
 def _prefix(counts):
@@ -73,7 +73,7 @@ class MPICommunicator(Communicator):
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, group, bufs, op):
-        buf = np.ascontiguousarray(self._mine(group, bufs))
+        buf = contiguous(self._mine(group, bufs))
         if len(group) == 1:
             return {self.rank: buf.copy()}
         out = np.empty_like(buf)
@@ -94,11 +94,11 @@ class MPICommunicator(Communicator):
                 [_bytes(moved), self._MPI.BYTE],
                 [out.reshape(-1).view(np.uint8), [n * row for n in sizes],
                  [d * row for d in displs], self._MPI.BYTE])
-        return {self.rank: np.ascontiguousarray(np.moveaxis(out, 0, dim)) if dim else out}
+        return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
         buf = self._mine(group, bufs)
-        moved = np.ascontiguousarray(np.moveaxis(buf, dim, 0) if dim else buf)
+        moved = contiguous(np.moveaxis(buf, dim, 0) if dim else buf)
         row = int(np.prod(moved.shape[1:], dtype=np.int64))
         me = group.index(self.rank)
         out = np.empty((sizes[me],) + moved.shape[1:], dtype=buf.dtype)
@@ -107,7 +107,7 @@ class MPICommunicator(Communicator):
         else:
             self._comm(group).Reduce_scatter(moved, out, [n * row for n in sizes],
                                              op=self._ops[op])
-        return {self.rank: np.ascontiguousarray(np.moveaxis(out, 0, dim)) if dim else out}
+        return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         buf = self._mine(group, bufs)

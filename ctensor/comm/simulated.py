@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from ..sbp import ReduceOp
-from .base import Communicator, Group, Message, Shards
+from .base import Communicator, Group, Message, Shards, contiguous
 
 
 def _xp(arr):
@@ -35,6 +35,7 @@ class SimulatedCommunicator(Communicator):
         total = parts[0].copy()
         for p in parts[1:]:
             total = op.reduce(xp, total, p)
+        total = xp.asarray(total)  # 0-d arithmetic yields scalars
         # every rank gets its own copy so no two shards alias one buffer
         return {r: (total if i == 0 else total.copy()) for i, r in enumerate(group)}
 
@@ -51,7 +52,7 @@ class SimulatedCommunicator(Communicator):
         for r, n in zip(group, sizes):
             idx = [slice(None)] * total.ndim
             idx[dim] = slice(start, start + n)
-            out[r] = xp.ascontiguousarray(total[tuple(idx)])
+            out[r] = contiguous(total[tuple(idx)])
             start += n
         return out
 

@@ -1,0 +1,88 @@
+"""Shared fixtures: the same tests run in simulation and under mpiexec.
+
+* In a plain ``pytest`` run every test that takes ``mesh`` runs once per mesh shape in
+  ``MESHES`` inside ``ct.simulate(size)``; ``tests/test_mpi.py`` then re-runs the whole suite
+  under ``mpiexec -n 2`` and ``-n 4``.
+* Under mpiexec the same test uses the real world (meshes larger than it are skipped — a
+  decision every rank takes alike). A failing test aborts the whole MPI job at once, so no
+  rank is left waiting in a collective.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+from ctensor import runtime
+
+MPI_MODE = runtime._launched_by_mpi()
+MESHES = [(1,), (2,), (3,), (4,), (2, 2)]
+
+
+def mesh_ranks(shape):
+    return np.arange(math.prod(shape)).reshape(shape).tolist()
+
+
+@pytest.fixture(params=MESHES, ids=lambda s: "x".join(map(str, s)))
+def mesh(request):
+    """A placement of the parametrised mesh shape, in the world of the current mode."""
+    shape = request.param
+    size = math.prod(shape)
+    if MPI_MODE:
+        if size > ct.world_size():
+            pytest.skip(f"mesh {shape} needs {size} ranks, world has {ct.world_size()}")
+        yield ct.placement("cpu", mesh_ranks(shape))
+    else:
+        with ct.simulate(size):
+            yield ct.placement("cpu", mesh_ranks(shape))
+
+
+@pytest.fixture
+def world4():
+    """A world of at least 4 ranks (simulated unless under mpiexec -n 4)."""
+    if MPI_MODE:
+        if ct.world_size() < 4:
+            pytest.skip("needs 4 ranks")
+        yield ct.world_size()
+    else:
+        with ct.simulate(4):
+            yield 4
+
+
+def assert_layout(x: ct.Tensor, expected: np.ndarray, rtol=1e-6, atol=1e-6):
+    """``x``'s logical value equals ``expected`` and every held shard is exactly its part."""
+    full = x.numpy()
+    np.testing.assert_allclose(full, expected, rtol=rtol, atol=atol)
+    assert tuple(x.shape) == expected.shape
+    if x._layout.has_partial:
+        return
+    for r, arr in x.local_shards().items():
+        box = x._layout.box(r)
+        assert arr.shape == tuple(b - a for a, b in box), (r, arr.shape, box)
+        np.testing.assert_allclose(arr, expected[tuple(slice(a, b) for a, b in box)],
+                                   rtol=rtol, atol=atol)
+
+
+# ----------------------------------------------------------------------------- MPI abort
+if MPI_MODE:
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        outcome = yield
+        report = outcome.get_result()
+        if report.failed:
+            from mpi4py import MPI
+            rank = MPI.COMM_WORLD.Get_rank()
+            sys.stderr.write(f"\n[rank {rank}] FAILED {item.nodeid}\n{report.longreprtext}\n")
+            sys.stderr.flush()
+            os.environ["CTENSOR_ABORTING"] = "1"
+            MPI.COMM_WORLD.Abort(1)
+
+    def pytest_internalerror(excrepr, excinfo):
+        from mpi4py import MPI
+        traceback.print_exception(excinfo.value)
+        MPI.COMM_WORLD.Abort(1)

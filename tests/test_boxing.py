@@ -1,0 +1,165 @@
+"""Boxing: every SBP pair on 1-D and 2x2 meshes, even/uneven/empty shapes, round trips,
+nested splits, cross-placement moves and plan caching."""
+import itertools
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+from ctensor import boxing
+from conftest import MPI_MODE, assert_layout
+
+S0, S1, B = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast
+P, PMAX, PMIN = ct.sbp.partial_sum, ct.sbp.partial_max, ct.sbp.partial_min
+SBPS_1D = [S0, S1, B, P, PMAX, PMIN]
+SBPS_2D = [S0, S1, B, P, PMAX]
+SHAPES = [(8, 12), (13, 17), (1, 5), (0, 3)]
+
+
+def data(shape, dtype=np.float64):
+    return np.random.default_rng(sum(shape) + 7).standard_normal(shape).astype(dtype)
+
+
+def sbp_id(s):
+    return repr(s) if not isinstance(s, tuple) else ",".join(map(repr, s))
+
+
+@pytest.mark.parametrize("dst", SBPS_1D, ids=sbp_id)
+@pytest.mark.parametrize("src", SBPS_1D, ids=sbp_id)
+def test_pairs_1d(mesh, src, dst):
+    if mesh.ndim != 1:
+        pytest.skip("1-D pairs")
+    for shape in SHAPES:
+        value = data(shape)
+        x = ct.tensor(value, placement=mesh, sbp=src)
+        assert_layout(x, value)
+        y = x.to_global(sbp=dst)
+        assert y.sbp == (dst,)
+        assert_layout(y, value)
+
+
+@pytest.mark.parametrize("src", list(itertools.product(SBPS_2D, repeat=2)), ids=sbp_id)
+def test_pairs_2x2(mesh, src):
+    if mesh.shape != (2, 2):
+        pytest.skip("2x2 pairs")
+    for shape in [(8, 12), (13, 17), (1, 5)]:
+        value = data(shape)
+        x = ct.tensor(value, placement=mesh, sbp=src)
+        assert_layout(x, value)
+        for dst in itertools.product(SBPS_2D, repeat=2):
+            assert_layout(x.to_global(sbp=dst), value)
+
+
+def test_round_trips(mesh):
+    value = data((13, 17))
+    for s in [S0, S1]:
+        sbp = (s,) * mesh.ndim
+        x = ct.tensor(value, placement=mesh, sbp=sbp)
+        back = x.to_global(sbp=(B,) * mesh.ndim).to_global(sbp=sbp)
+        for r, a in x.local_shards().items():
+            np.testing.assert_array_equal(back.local_shards()[r], a)
+        via_p = x.to_global(sbp=(P,) * mesh.ndim).to_global(sbp=sbp)
+        assert_layout(via_p, value)
+
+
+def test_uneven_rule_exact(mesh):
+    """Shard shapes follow n//k + (i < n%k), nested splits in mesh-axis order."""
+    n = 13
+    x = ct.arange(n, placement=mesh, sbp=(S0,) * mesh.ndim)
+    k = mesh.size
+    sizes = [n // k + (1 if i < n % k else 0) for i in range(k)]
+    starts = np.cumsum([0] + sizes)
+    for r, a in x.local_shards().items():
+        i = mesh.rank_list.index(r)
+        if mesh.ndim == 2:  # nested: axis 0 first, then axis 1 inside it
+            c0, c1 = mesh.coord(r)
+            outer = [n // 2 + (1 if j < n % 2 else 0) for j in range(2)]
+            o0 = sum(outer[:c0])
+            inner = [outer[c0] // 2 + (1 if j < outer[c0] % 2 else 0) for j in range(2)]
+            lo = o0 + sum(inner[:c1])
+            np.testing.assert_array_equal(a, np.arange(lo, lo + inner[c1]))
+        else:
+            np.testing.assert_array_equal(a, np.arange(starts[i], starts[i + 1]))
+
+
+def test_integer_and_bool_dtypes(mesh):
+    value = np.arange(35, dtype=np.int32).reshape(5, 7)
+    x = ct.tensor(value, placement=mesh, sbp=(S1,) * mesh.ndim)
+    for dst in [B, S0, P, PMAX, PMIN]:
+        y = x.to_global(sbp=(dst,) * mesh.ndim)
+        np.testing.assert_array_equal(y.numpy(), value)
+    flags = value % 3 == 0
+    f = ct.tensor(flags, placement=mesh, sbp=(S0,) * mesh.ndim)
+    np.testing.assert_array_equal(f.to_global(sbp=(S1,) * mesh.ndim).numpy(), flags)
+
+
+def test_scalar_and_3d(mesh):
+    s = ct.tensor(np.float64(3.5), placement=mesh, sbp=(P,) * mesh.ndim)
+    assert s.to_global(sbp=(B,) * mesh.ndim).item() == 3.5
+    value = data((5, 3, 7))
+    x = ct.tensor(value, placement=mesh, sbp=(ct.sbp.split(2),) * mesh.ndim)
+    assert_layout(x.to_global(sbp=(ct.sbp.split(1),) * mesh.ndim), value)
+    assert_layout(x.to_global(sbp=(ct.sbp.split(-3),) * mesh.ndim), value)
+
+
+def test_same_layout_returns_self(mesh):
+    x = ct.ones(4, 4, placement=mesh, sbp=(S0,) * mesh.ndim)
+    assert x.to_global() is x
+    assert x.to_global(mesh, (S0,) * mesh.ndim) is x
+
+
+def test_s0_to_s1_is_one_all_to_all(mesh):
+    if mesh.ndim != 1 or mesh.size == 1:
+        pytest.skip("1-D mesh of several ranks")
+    x = ct.ones(8, 8, placement=mesh, sbp=S0)
+    with ct.debug.comm_log() as log:
+        x.to_global(sbp=S1)
+    assert log.collectives() == ["all_to_all"]
+    with ct.debug.comm_log() as log:
+        x.to_global(sbp=P).to_global(sbp=S1)
+    assert log.collectives() == ["reduce_scatter"]
+
+
+def test_plans_are_cached(mesh):
+    x = ct.ones(6, 6, placement=mesh, sbp=(S0,) * mesh.ndim)
+    x.to_global(sbp=(B,) * mesh.ndim)
+    before = boxing.plan.cache_info().hits
+    x.to_global(sbp=(B,) * mesh.ndim)
+    assert boxing.plan.cache_info().hits == before + 1
+
+
+# ----------------------------------------------------------------------------- placements
+PLACEMENT_PAIRS = [
+    ([0, 1, 2, 3], [1, 0]),                 # subset, reversed order
+    ([0, 1], [2, 3]),                       # disjoint
+    ([0], [0, 1, 2, 3]),                    # one -> many (pipeline-stage move)
+    ([[0, 1], [2, 3]], [3, 2, 1, 0]),       # other mesh shape, reversed
+    ([0, 1, 2], [1, 2, 3]),                 # overlapping
+    ([[0, 1], [2, 3]], [0]),                # many -> one
+    ([[0, 1], [2, 3]], [[0, 2], [1, 3]]),   # transposed mesh
+]
+
+
+def _sbps(ndim):
+    return [tuple(t) for t in itertools.product([S0, S1, B, P], repeat=ndim)]
+
+
+@pytest.mark.parametrize("src_ranks,dst_ranks", PLACEMENT_PAIRS, ids=str)
+def test_cross_placement(world4, src_ranks, dst_ranks):
+    src_p, dst_p = ct.placement("cpu", src_ranks), ct.placement("cpu", dst_ranks)
+    for shape in [(13, 17), (1, 5), (4, 0)]:
+        value = data(shape)
+        for src in _sbps(src_p.ndim):
+            x = ct.tensor(value, placement=src_p, sbp=src)
+            for dst in _sbps(dst_p.ndim):
+                y = x.to_global(dst_p, dst)
+                assert y.placement == dst_p and y.sbp == dst
+                assert_layout(y, value)
+
+
+def test_cross_placement_backward_round_trip(world4):
+    a = ct.placement("cpu", [0, 1])
+    b = ct.placement("cpu", [2, 3])
+    x = ct.tensor(data((5, 4)), placement=a, sbp=S0)
+    y = x.to_global(b, S1).to_global(a, B)
+    np.testing.assert_allclose(y.numpy(), data((5, 4)))

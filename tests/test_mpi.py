@@ -1,0 +1,34 @@
+"""Run the whole test suite again under ``mpiexec -n 2`` and ``mpiexec -n 4``.
+
+Each rank runs the same test files; a failing rank aborts the job (see conftest.py), and a
+hard timeout bounds the run so a hang can never stall CI.
+"""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MPI_MODE
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+@pytest.mark.skipif(MPI_MODE, reason="already running under mpiexec")
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("nprocs", [2, 4])
+def test_suite_under_mpiexec(nprocs):
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CTENSOR_TIMEOUT="120")
+    cmd = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "pytest", str(ROOT / "tests"),
+           "-x", "-q", "-p", "no:cacheprovider", "--timeout=180", "-W", "ignore"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
+    tail = (proc.stdout + proc.stderr)[-6000:]
+    assert proc.returncode == 0, f"mpiexec -n {nprocs} failed ({proc.returncode}):\n{tail}"
+    assert " passed" in proc.stdout, tail
