@@ -267,6 +267,10 @@ def apply(name: str, inputs: Sequence, **attrs):
             arr = xp.asarray(arr)
             if arr.dtype != layout.dtype:
                 arr = arr.astype(layout.dtype)
+            if arr.shape != layout.local_shape(rank):  # a kernel bug, never user error
+                raise RuntimeError(f"{name}: kernel returned local shape {arr.shape} on rank "
+                                   f"{rank}, expected {layout.local_shape(rank)} for "
+                                   f"{format_sbp(layout.sbp)} of {layout.shape}")
             results[j][rank] = arr
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
 

@@ -65,6 +65,12 @@ class MPICommunicator(Communicator):
             self._groups[group] = comm
         return comm
 
+    def _op(self, op: ReduceOp, dtype: np.dtype):
+        """The MPI reduction; bools reduce logically (sum and max are 'or', min is 'and')."""
+        if dtype == np.bool_:
+            return self._MPI.LAND if op is ReduceOp.MIN else self._MPI.LOR
+        return self._ops[op]
+
     def _mine(self, group: Group, bufs: Shards):
         if self.rank not in group:
             raise RuntimeError(f"MPI collective over group {group} called on rank {self.rank}, "
@@ -77,7 +83,7 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             return {self.rank: buf.copy()}
         out = np.empty_like(buf)
-        self._comm(group).Allreduce(buf, out, op=self._ops[op])
+        self._comm(group).Allreduce(buf, out, op=self._op(op, buf.dtype))
         return {self.rank: out}
 
     def all_gather(self, group, bufs, dim, sizes):
@@ -106,7 +112,7 @@ class MPICommunicator(Communicator):
             out[...] = moved
         else:
             self._comm(group).Reduce_scatter(moved, out, [n * row for n in sizes],
-                                             op=self._ops[op])
+                                             op=self._op(op, buf.dtype))
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):

@@ -1,2 +1,4 @@
 """Op families. Importing this package registers every op (kernel, signatures, backward)."""
 from . import redistribute  # noqa: F401
+from . import elementwise  # noqa: F401
+from . import reduction  # noqa: F401
