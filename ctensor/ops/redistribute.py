@@ -100,3 +100,30 @@ def to_float(x: Tensor) -> Tensor:
 @register("double")
 def to_double(x: Tensor) -> Tensor:
     return to(x, np.float64)
+
+
+@register("copy_")
+def copy_(dst: Tensor, src) -> Tensor:
+    """Overwrite ``dst``'s values in place with ``src`` (boxed to ``dst``'s layout and cast
+    to its dtype); not recorded by autograd. Optimizers and ``load_state_dict`` use it so
+    that parameters keep their identity."""
+    if not isinstance(dst, Tensor):
+        raise TypeError(f"copy_: expected a ct.Tensor, got {type(dst).__name__}")
+    if not isinstance(src, Tensor):
+        from ..dispatch import as_tensor
+        src = as_tensor([dst, src], "copy_")[1]
+    if tuple(src.shape) != tuple(dst.shape):
+        if src.ndim == 0:
+            from .. import creation
+            src = creation.full(dst.shape, fill_value=0, placement=dst.placement,
+                                dtype=dst.dtype) + src
+        else:
+            raise ValueError(f"copy_: source shape {tuple(src.shape)} does not match "
+                             f"destination shape {tuple(dst.shape)}")
+    with autograd.no_grad():
+        if src.placement != dst.placement or src.sbp != dst.sbp:
+            src = to_global(src, dst.placement, dst.sbp)
+        for r, a in dst._shards.items():
+            a[...] = src._shards[r]
+    dst._version += 1
+    return dst

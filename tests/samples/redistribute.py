@@ -19,4 +19,5 @@ SAMPLES = [
 COVERED_ELSEWHERE = {
     "to_global": "tests/test_boxing.py (every SBP pair) and tests/test_autograd.py",
     "full_value": "Tensor.numpy(), used by every test",
+    "copy_": "tests/test_tensor.py (in-place copy across SBPs)",
 }
