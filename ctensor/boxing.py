@@ -209,6 +209,15 @@ class _ToPartial(_Step):
         return out
 
 
+class _Relabel(_Step):
+    """Any SBP change on a mesh axis of size 1: the single rank's array is already right."""
+
+    collective = "relabel"
+
+    def run(self, comm, shards):
+        return shards
+
+
 class _Exchange(_Step):
     """Point-to-point move of intersecting regions between two placements."""
 
@@ -282,6 +291,9 @@ def _axis_steps(layout: Layout, axis: int, target: SBP) -> list:
         layout = after
 
     if src == target:
+        return steps
+    if layout.placement.shape[axis] == 1:
+        then(target, lambda b, a: _Relabel(b, a, axis))
         return steps
     if isinstance(src, Partial) and isinstance(target, Partial):  # P(op) -> P(op')
         then(Broadcast(), lambda b, a: _AllReduce(b, a, axis, src.op))

@@ -186,32 +186,36 @@ def _assemble(fn, arrays, everyone, placement, sbp, shape) -> Tensor:
 def full(*size, fill_value=None, placement=None, sbp=None, dtype=None,
          requires_grad: bool = False) -> Tensor:
     """A tensor of ``size`` filled with ``fill_value`` (``ct.full((2, 3), 7.0)``)."""
+    return _full("full", size, fill_value, placement, sbp, dtype, requires_grad)
+
+
+def _full(fn, size, fill_value, placement, sbp, dtype, requires_grad) -> Tensor:
     if fill_value is None:
         if len(size) >= 2 and not isinstance(size[-1], (tuple, list)):
             *size, fill_value = size
             size = tuple(size)
         else:
-            raise TypeError("full: missing argument 'fill_value'")
-    shape = _shape_args("full", size)
+            raise TypeError(f"{fn}: missing argument 'fill_value'")
+    shape = _shape_args(fn, size)
     if dtype is None:
         dtype = (np.dtype(bool) if isinstance(fill_value, bool) else
                  np.dtype(np.int64) if isinstance(fill_value, int) else None)
-    layout = resolve("full", shape, placement, sbp, dtype)
-    _check_grad("full", layout.dtype, requires_grad)
+    layout = resolve(fn, shape, placement, sbp, dtype)
+    _check_grad(fn, layout.dtype, requires_grad)
     return generate(layout, lambda xp, box, dt: xp.full(tuple(b - a for a, b in box),
                                                         fill_value, dtype=dt), requires_grad)
 
 
 def zeros(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (``ct.zeros(4, 8, placement=p, sbp=ct.sbp.split(0))``)."""
-    return full(_shape_args("zeros", size), fill_value=0.0 if dtype is None else 0,
-                placement=placement, sbp=sbp, dtype=dtype, requires_grad=requires_grad)
+    return _full("zeros", _shape_args("zeros", size), 0.0 if dtype is None else 0,
+                 placement, sbp, dtype, requires_grad)
 
 
 def ones(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones; with a partial SBP the logical value is still ones."""
-    return full(_shape_args("ones", size), fill_value=1.0 if dtype is None else 1,
-                placement=placement, sbp=sbp, dtype=dtype, requires_grad=requires_grad)
+    return _full("ones", _shape_args("ones", size), 1.0 if dtype is None else 1,
+                 placement, sbp, dtype, requires_grad)
 
 
 def empty(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:

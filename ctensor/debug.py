@@ -51,7 +51,7 @@ class CommLog(list):
         return "\n".join(lines)
 
 
-_LOCAL = ("slice", "pad_partial", "local")
+_LOCAL = ("slice", "pad_partial", "local", "relabel")
 _logs: list = []
 _op_stack: list = ["to_global"]
 

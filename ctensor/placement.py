@@ -43,6 +43,9 @@ class Placement:
                              f"list of ranks, got {ranks!r}")
         flat = arr.ravel().tolist()
         for r in flat:
+            if isinstance(r, (list, tuple, np.ndarray)):
+                raise ValueError(f"placement: argument 'ranks' must form a rectangular mesh "
+                                 f"(every row the same length), got {ranks!r}")
             if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
                 raise TypeError(f"placement: argument 'ranks' must hold ints forming a "
                                 f"rectangular mesh, got {ranks!r}")

@@ -1,0 +1,127 @@
+"""The tape: grads are global tensors; leaf grads come back in the leaf's own SBP; no_sync
+keeps them partial; retain_graph, accumulation, no_grad, detach and errors."""
+import numpy as np
+import pytest
+
+import ctensor as ct
+from conftest import assert_layout
+
+S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
+
+
+def _all(mesh, s):
+    return (s,) * mesh.ndim
+
+
+def test_to_global_backward_uses_dual_sbp(mesh):
+    value = np.arange(12.0).reshape(4, 3)
+    for src, dst in [(B, S0), (S0, B), (P, B), (S1, S0), (B, P)]:
+        x = ct.tensor(value, placement=mesh, sbp=_all(mesh, src), requires_grad=True)
+        y = x.to_global(sbp=_all(mesh, dst))
+        (y * y).sum().backward()
+        assert x.grad.sbp == x.sbp
+        assert_layout(x.grad, 2 * value)
+
+
+def test_data_parallel_grad_is_allreduced(mesh):
+    rng = np.random.default_rng(0)
+    xv, wv = rng.standard_normal((7, 3)), rng.standard_normal((3,))
+    w = ct.tensor(wv, placement=mesh, sbp=_all(mesh, B), requires_grad=True)
+    x = ct.tensor(xv, placement=mesh, sbp=_all(mesh, S0))
+    loss = ((x * w).sum(1) ** 2).mean()
+    with ct.debug.comm_log() as log:
+        loss.backward()
+    expected = 2 * ((xv * wv).sum(1)[:, None] * xv).sum(0) / 7
+    assert w.grad.sbp == _all(mesh, B)
+    assert_layout(w.grad, expected)
+    if mesh.size > 1:
+        assert "all_reduce" in log.collectives()
+
+
+def test_no_sync_accumulates_without_communication(mesh):
+    rng = np.random.default_rng(1)
+    wv = rng.standard_normal((3,))
+    xs = [rng.standard_normal((6, 3)) for _ in range(3)]
+    w = ct.tensor(wv, placement=mesh, sbp=_all(mesh, B), requires_grad=True)
+
+    def step(xv):
+        x = ct.tensor(xv, placement=mesh, sbp=_all(mesh, S0))
+        (x * w).sum().backward()
+
+    with ct.debug.comm_log() as log:
+        with ct.autograd.no_sync():
+            step(xs[0])
+            step(xs[1])
+    assert log.collectives() == []
+    assert w.grad.sbp != _all(mesh, B) or mesh.size == 1
+    np.testing.assert_allclose(w.grad.numpy(), xs[0].sum(0) + xs[1].sum(0))
+    step(xs[2])
+    assert w.grad.sbp == _all(mesh, B)
+    assert_layout(w.grad, sum(x.sum(0) for x in xs))
+
+
+def test_retain_graph_and_accumulation(mesh):
+    x = ct.tensor(np.array([1.0, 2.0, 3.0]), placement=mesh, sbp=_all(mesh, S0),
+                  requires_grad=True)
+    y = (x * x).sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    assert_layout(x.grad, 4 * np.array([1.0, 2.0, 3.0]))
+    with pytest.raises(RuntimeError, match="second time"):
+        y.backward()
+
+
+def test_explicit_grad_and_non_scalar_error(mesh):
+    x = ct.tensor(np.ones((2, 3)), placement=mesh, sbp=_all(mesh, S1), requires_grad=True)
+    y = x * 3.0
+    with pytest.raises(ValueError, match="scalar"):
+        y.backward()
+    y.backward(ct.tensor(np.full((2, 3), 2.0), placement=mesh))
+    assert_layout(x.grad, np.full((2, 3), 6.0))
+    with pytest.raises(ValueError, match="shape"):
+        (x * 2.0).backward(ct.ones(3, placement=mesh))
+
+
+def test_no_grad_detach_requires_grad_(mesh):
+    x = ct.ones(3, placement=mesh, requires_grad=True)
+    with ct.no_grad():
+        y = x * 2.0
+    assert not y.requires_grad and y.is_leaf
+    z = (x * 2.0).detach()
+    assert not z.requires_grad
+    w = ct.ones(3, placement=mesh)
+    w.requires_grad_()
+    (w * x).sum().backward()
+    assert_layout(w.grad, np.ones(3))
+    with pytest.raises(ValueError, match="require grad"):
+        ct.ones(2, placement=mesh).sum().backward()
+
+
+def test_shared_input_and_diamond(mesh):
+    xv = np.array([0.5, -1.0, 2.0, 3.0, 0.1])
+    x = ct.tensor(xv, placement=mesh, sbp=_all(mesh, S0), requires_grad=True)
+    a = x.exp()
+    b = x * x
+    (a * b + a).sum().backward()
+    expected = np.exp(xv) * xv ** 2 + np.exp(xv) * 2 * xv + np.exp(xv)
+    assert_layout(x.grad, expected)
+
+
+def test_mixed_placements_error_names_both(world4):
+    a = ct.ones(4, placement=ct.placement("cpu", [0, 1]))
+    b = ct.ones(4, placement=ct.placement("cpu", [2, 3]))
+    with pytest.raises(ValueError, match="placement") as info:
+        a + b
+    assert "[0, 1]" in str(info.value) and "[2, 3]" in str(info.value)
+    assert (a + 1.0).numpy().sum() == 8
+
+
+def test_partial_semantics(mesh):
+    x = ct.tensor(np.array([1.0, 2.0]), placement=mesh, sbp=_all(mesh, P))
+    y = ct.tensor(np.array([10.0, 20.0]), placement=mesh, sbp=_all(mesh, B))
+    np.testing.assert_allclose((x + y).numpy(), [11.0, 22.0])
+    np.testing.assert_allclose((x + 1.0).numpy(), [2.0, 3.0])
+    z = x * 3.0
+    assert z.sbp == _all(mesh, P)
+    np.testing.assert_allclose(z.numpy(), [3.0, 6.0])
+    np.testing.assert_allclose(x.exp().numpy(), np.exp([1.0, 2.0]))
