@@ -2,3 +2,4 @@
 from . import redistribute  # noqa: F401
 from . import elementwise  # noqa: F401
 from . import reduction  # noqa: F401
+from . import linalg  # noqa: F401
