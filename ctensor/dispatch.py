@@ -104,29 +104,52 @@ class BackwardContext:
 
 
 # --------------------------------------------------------------------------- helpers
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    if isinstance(v, np.ndarray):
+        return ("array", v.shape, v.dtype.str, v.tobytes())
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+
+
 def _attrs_key(attrs: dict):
-    def freeze(v):
-        if isinstance(v, (list, tuple)):
-            return tuple(freeze(x) for x in v)
-        if isinstance(v, slice):
-            return ("slice", v.start, v.stop, v.step)
-        if isinstance(v, np.ndarray):
-            return ("array", v.shape, v.dtype.str, v.tobytes())
-        if isinstance(v, dict):
-            return tuple(sorted((k, freeze(x)) for k, x in v.items()))
-        return v
-    return tuple(sorted((k, freeze(v)) for k, v in attrs.items()))
+    """A hashable key of the op attributes (ops pass them in a fixed order)."""
+    key = tuple(attrs.items())
+    try:
+        hash(key)
+        return key
+    except TypeError:
+        return tuple((k, _freeze(v)) for k, v in attrs.items())
+
+
+_constants: dict = {}
 
 
 def _constant(value, placement: Placement, dtype=None) -> Tensor:
-    """A Python scalar or array as a broadcast constant on ``placement``."""
+    """A Python scalar or array as a broadcast constant on ``placement``. Scalars are cached
+    (tensors are immutable to ops, and internal constants never escape to in-place writes)."""
+    scalar = isinstance(value, (bool, int, float))
+    if scalar:
+        key = (type(value), value, dtype, placement, world())
+        hit = _constants.get(key)
+        if hit is not None:
+            return hit
     arr = np.asarray(value, dtype=dtype)
     if arr.dtype == object:
         raise TypeError(f"cannot use {value!r} ({type(value).__name__}) as a tensor operand")
     xp = array_module(placement.device)
     layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
     held = [r for r in world().held_ranks if r in placement]
-    return Tensor(layout, {r: xp.asarray(arr) for r in held})
+    out = Tensor(layout, {r: xp.asarray(arr) for r in held})
+    if scalar:
+        if len(_constants) > 4096:
+            _constants.clear()
+        _constants[key] = out
+    return out
 
 
 def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
@@ -155,6 +178,10 @@ def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
 def as_tensor(values: Sequence, opname: str) -> list:
     """Promote scalars/arrays among ``values`` to broadcast constants on the tensors'
     placement; check that all tensors share one placement."""
+    if all(type(v) is Tensor for v in values):
+        placement = values[0].placement
+        if all(v.placement is placement or v.placement == placement for v in values):
+            return list(values)
     tensors = [v for v in values if isinstance(v, Tensor)]
     if not tensors:
         raise TypeError(f"{opname}: expected at least one ct.Tensor argument, got "
@@ -229,42 +256,55 @@ def choice(name: str, *args, **attrs) -> tuple:
 
 
 # --------------------------------------------------------------------------- apply
+_apply_cache: dict = {}
+
+
 def apply(name: str, inputs: Sequence, **attrs):
     """Run op ``name`` on ``inputs`` (tensors; scalars already promoted) with ``attrs``."""
     opdef = REGISTRY[name]
     tensors = list(inputs)
     placement = tensors[0].placement
-    for t in tensors[1:]:
-        if t.placement != placement:
-            raise ValueError(f"{name}: inputs have different placements {placement!r} and "
-                             f"{t.placement!r}; move one with .to_global(placement=...) first")
     layouts = tuple(t._layout for t in tensors)
-    out_meta = opdef.meta(layouts, **attrs)
-    targets, out_layouts = _choose(opdef, layouts, attrs, _attrs_key(attrs), out_meta)
+    key = (name, _attrs_key(attrs) if attrs else (), layouts)
+    hit = _apply_cache.get(key)
+    if hit is None:
+        for t in tensors[1:]:
+            if t.placement != placement:
+                raise ValueError(f"{name}: inputs have different placements {placement!r} and "
+                                 f"{t.placement!r}; move one with .to_global(placement=...) "
+                                 f"first")
+        out_meta = opdef.meta(layouts, **attrs)
+        targets, out_layouts = _choose(opdef, layouts, attrs, key[1], out_meta)
+        hit = (targets, out_layouts)
+        if len(_apply_cache) > 65536:
+            _apply_cache.clear()
+        _apply_cache[key] = hit
+    targets, out_layouts = hit
 
-    boxed = []
-    with debug.current_op(name):
-        for t, target in zip(tensors, targets):
-            if t._layout == target:
-                boxed.append(t)
-            else:
-                boxed.append(Tensor(target, boxing.box(t._shards, t._layout, target)))
+    boxed = tensors
+    if any(t._layout is not target for t, target in zip(tensors, targets)):
+        boxed = []
+        with debug.current_op(name):
+            for t, target in zip(tensors, targets):
+                boxed.append(t if t._layout is target else
+                             Tensor(target, boxing.box(t._shards, t._layout, target)))
 
     results: list = [dict() for _ in out_layouts]
     xp = array_module(placement.device)
-    for rank in world().held_ranks:
-        if rank not in placement:
-            continue
+    single = opdef.n_outputs == 1
+    for rank in boxed[0]._shards:
         arrays = [b._shards[rank] for b in boxed]
         if opdef.needs_ctx:
             out = opdef.kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
                                **attrs)
         else:
             out = opdef.kernel(xp, *arrays, **attrs)
-        if opdef.n_outputs == 1:
+        if single:
             out = (out,)
-        for j, (arr, layout) in enumerate(zip(out, out_layouts)):
-            arr = xp.asarray(arr)
+        for j, arr in enumerate(out):
+            layout = out_layouts[j]
+            if type(arr) is not np.ndarray:
+                arr = xp.asarray(arr)
             if arr.dtype != layout.dtype:
                 arr = arr.astype(layout.dtype)
             if arr.shape != layout.local_shape(rank):  # a kernel bug, never user error
@@ -274,17 +314,16 @@ def apply(name: str, inputs: Sequence, **attrs):
             results[j][rank] = arr
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
 
-    if opdef.backward is not None and autograd.is_grad_enabled() \
+    if opdef.backward is not None and autograd._grad_enabled \
             and any(t.requires_grad for t in tensors):
-        ctx = BackwardContext(tuple(b.detach() if b is not t else t.detach()
-                                    for b, t in zip(boxed, tensors)),
+        ctx = BackwardContext(tuple(b.detach() for b in boxed),
                               tuple(o.detach() for o in outputs), attrs)
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward):
-            if opdef.n_outputs == 1:
+            if single:
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)
 
         autograd.record(name, tensors, outputs, backward_fn)
-    return outputs[0] if opdef.n_outputs == 1 else tuple(outputs)
+    return outputs[0] if single else tuple(outputs)

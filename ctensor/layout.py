@@ -1,36 +1,70 @@
 """Layout: the metadata of a global tensor (shape, dtype, placement, SBP) and its shard maths.
 
-Pure and immutable; boxing plans and dispatch signatures are cached by layouts.
+Pure and immutable; boxing plans and dispatch signatures are cached by layouts, so the hash
+is computed once and equality short-cuts on identity.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import weakref
 
 import numpy as np
 
 from .placement import Placement
-from .sbp import SBP, Partial, Split, local_box
+from .sbp import Partial, Split, local_box
 
 
-@dataclass(frozen=True)
 class Layout:
-    shape: tuple
-    dtype: np.dtype
-    placement: Placement
-    sbp: tuple
+    """Interned: equal layouts are the same object, so caches keyed by layouts hit by
+    identity."""
+
+    __slots__ = ("shape", "dtype", "placement", "sbp", "_hash", "_boxes", "_shapes",
+                 "__weakref__")
+    _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
+
+    def __new__(cls, shape: tuple, dtype, placement: Placement, sbp: tuple):
+        key = (tuple(shape), np.dtype(dtype), placement, tuple(sbp))
+        self = cls._interned.get(key)
+        if self is None:
+            self = object.__new__(cls)
+            self.shape, self.dtype, self.placement, self.sbp = key
+            self._hash = hash(key)
+            self._boxes = None
+            self._shapes = None
+            cls._interned[key] = self
+        return self
+
+    def __reduce__(self):
+        return (Layout, (self.shape, self.dtype, self.placement, self.sbp))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return (isinstance(other, Layout) and self._hash == other._hash
+                and self.shape == other.shape and self.dtype == other.dtype
+                and self.sbp == other.sbp and self.placement == other.placement)
+
+    def __repr__(self) -> str:
+        return f"Layout({self.shape}, {self.dtype}, {self.placement!r}, {self.sbp})"
+
+    def _fill(self) -> None:
+        p = self.placement
+        self._boxes = {r: local_box(self.shape, self.sbp, p.shape, p.coord(r))
+                       for r in p.rank_list}
+        self._shapes = {r: tuple(b - a for a, b in box) for r, box in self._boxes.items()}
 
     def box(self, rank: int) -> tuple:
         """``(start, stop)`` per dim of the logical region held by ``rank``."""
+        if self._boxes is None:
+            self._fill()
         return self._boxes[rank]
 
-    @cached_property
-    def _boxes(self) -> dict:
-        p = self.placement
-        return {r: local_box(self.shape, self.sbp, p.shape, p.coord(r)) for r in p.rank_list}
-
     def local_shape(self, rank: int) -> tuple:
-        return tuple(b - a for a, b in self.box(rank))
+        if self._shapes is None:
+            self._fill()
+        return self._shapes[rank]
 
     @property
     def ndim(self) -> int:

@@ -22,6 +22,7 @@ from ..dispatch import apply, as_tensor, op
 from ..registry import OPS, register
 from ..runtime import get_default_dtype
 from ..sbp import Partial, ReduceOp, Split
+from ..tensor import Tensor
 from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
 
 
@@ -122,7 +123,6 @@ op("mean", meta=_reduce_meta("mean"), signatures=_reduce_signatures(P, P),
 
 
 def _check(opname, x):
-    from ..tensor import Tensor
     if not isinstance(x, Tensor):
         raise TypeError(f"{opname}: expected a ct.Tensor, got {type(x).__name__}")
 
