@@ -17,6 +17,7 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
                        full_like, empty)
 from . import ops as _ops  # noqa: F401  (registers every op)
 from . import autograd, debug
+from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
 from .errors import DivergenceError, CommTimeoutError
 from .registry import OPS as _OPS

@@ -1,2 +1,14 @@
-"""ctensor.nn: modules and functional ops built on the public ctensor API."""
+"""ctensor.nn: modules and functional ops built on the public ctensor API.
+
+Modules are built on every rank (broadcast) and laid out afterwards with
+``Module.to_global(placement, sbp_or_rules)`` or :mod:`ctensor.nn.parallel`; no module
+communicates by itself.
+"""
 from . import functional  # noqa: F401
+from .module import Module, Parameter
+from .layers import (Linear, Embedding, LayerNorm, Dropout, GELU, ReLU, Identity, Sequential,
+                     ModuleList, ModuleDict)
+from . import utils
+
+__all__ = ["functional", "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout",
+           "GELU", "ReLU", "Identity", "Sequential", "ModuleList", "ModuleDict", "utils"]

@@ -1,0 +1,282 @@
+"""Layers: ``Linear``, ``Embedding``, ``LayerNorm``, ``Dropout``, activations and containers.
+
+Parameters are initialised with ``ct.rand`` / ``ct.randn``, whose values depend only on the
+seed and the logical index, so every layout (and world size) starts from the same logical
+weights. Layers are built on every rank, broadcast; lay them out afterwards with
+``Module.to_global`` or :mod:`ctensor.nn.parallel`.
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Iterable, Iterator, Optional
+
+import numpy as np
+
+import ctensor as ct
+
+from . import functional as F
+from .module import Module, Parameter
+
+__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Identity",
+           "Sequential", "ModuleList", "ModuleDict", "uniform_param", "normal_param"]
+
+
+def _dtype(dtype) -> np.dtype:
+    return np.dtype(ct.get_default_dtype() if dtype is None else dtype)
+
+
+def uniform_param(shape: tuple, bound: float, dtype=None) -> Parameter:
+    """A parameter drawn from U(-bound, bound) with ``ct.rand`` (layout-independent)."""
+    dtype = _dtype(dtype)
+    return Parameter((ct.rand(*shape, dtype=dtype) * 2.0 - 1.0) * bound)
+
+
+def normal_param(shape: tuple, std: float, dtype=None) -> Parameter:
+    """A parameter drawn from N(0, std^2) with ``ct.randn`` (layout-independent)."""
+    dtype = _dtype(dtype)
+    return Parameter(ct.randn(*shape, dtype=dtype) * std)
+
+
+def _positive(fn: str, arg: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"{fn}: argument '{arg}' must be a positive int, got {value!r}")
+    return int(value)
+
+
+class Linear(Module):
+    """``y = x @ weight.T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
+
+    Initialised like PyTorch: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)).
+
+    >>> fc = nn.Linear(16, 32)
+    >>> y = fc(ct.randn(8, 16))          # (8, 32)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
+        super().__init__()
+        self.in_features = _positive("Linear", "in_features", in_features)
+        self.out_features = _positive("Linear", "out_features", out_features)
+        bound = 1.0 / math.sqrt(self.in_features)
+        self.weight = uniform_param((self.out_features, self.in_features), bound, dtype)
+        if bias:
+            self.bias = uniform_param((self.out_features,), bound, dtype)
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
+
+
+class Embedding(Module):
+    """A lookup table ``weight[ids]`` of shape ``(num_embeddings, embedding_dim)``, N(0, 1)
+    initialised (pass ``std`` for e.g. GPT-2's 0.02).
+
+    >>> emb = nn.Embedding(100, 16)
+    >>> emb(ct.tensor([[1, 2, 3]]))      # (1, 3, 16)
+    """
+
+    def __init__(self, num_embeddings: int, embedding_dim: int, std: float = 1.0, dtype=None):
+        super().__init__()
+        self.num_embeddings = _positive("Embedding", "num_embeddings", num_embeddings)
+        self.embedding_dim = _positive("Embedding", "embedding_dim", embedding_dim)
+        self.weight = normal_param((self.num_embeddings, self.embedding_dim), std, dtype)
+
+    def forward(self, ids: ct.Tensor) -> ct.Tensor:
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}"
+
+
+class LayerNorm(Module):
+    """Layer normalisation over the last dim(s) with learnable ``weight`` (ones) and
+    ``bias`` (zeros).
+
+    >>> ln = nn.LayerNorm(16)
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(_positive("LayerNorm", "normalized_shape", n)
+                                      for n in normalized_shape)
+        self.eps = float(eps)
+        dtype = _dtype(dtype)
+        if elementwise_affine:
+            self.weight = Parameter(ct.ones(*self.normalized_shape, dtype=dtype))
+            if bias:
+                self.bias = Parameter(ct.zeros(*self.normalized_shape, dtype=dtype))
+            else:
+                self.register_parameter("bias", None)
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}"
+
+
+class Dropout(Module):
+    """Zero each element with probability ``p`` in training mode (scaling the rest by
+    ``1/(1-p)``); the mask comes from ``ct.rand_like``, so it is layout-independent."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"Dropout: argument 'p' must be a probability in [0, 1], got "
+                             f"{p!r}")
+        self.p = float(p)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class GELU(Module):
+    """GELU activation (``approximate="tanh"`` for GPT-2's form)."""
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: argument 'approximate' must be 'none' or 'tanh', got "
+                             f"{approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return F.gelu(x, approximate=self.approximate)
+
+
+class ReLU(Module):
+    """ReLU activation."""
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return F.relu(x)
+
+
+class Identity(Module):
+    """Returns its input."""
+
+    def forward(self, x):
+        return x
+
+
+class Sequential(Module):
+    """Modules applied in order; children are named ``"0"``, ``"1"``, ... (or by the
+    keys of an ``OrderedDict``).
+
+    >>> mlp = nn.Sequential(nn.Linear(8, 32), nn.GELU(), nn.Linear(32, 8))
+    """
+
+    def __init__(self, *modules):
+        super().__init__()
+        if len(modules) == 1 and isinstance(modules[0], OrderedDict):
+            items = list(modules[0].items())
+        else:
+            items = [(str(i), m) for i, m in enumerate(modules)]
+        for name, m in items:
+            if not isinstance(m, Module):
+                raise TypeError(f"Sequential: every argument must be an nn.Module, got "
+                                f"{type(m).__name__} at {name!r}")
+            self.add_module(name, m)
+
+    def forward(self, x):
+        for m in self._modules.values():
+            x = m(x)
+        return x
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class ModuleList(Module):
+    """A list of modules registered as children ``"0"``, ``"1"``, ...
+
+    >>> blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+    """
+
+    def __init__(self, modules: Optional[Iterable[Module]] = None):
+        super().__init__()
+        for m in modules or ():
+            self.append(m)
+
+    def append(self, module: Module) -> "ModuleList":
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList.append: argument 'module' must be an nn.Module, got "
+                            f"{type(module).__name__}")
+        self.add_module(str(len(self._modules)), module)
+        return self
+
+    def extend(self, modules: Iterable[Module]) -> "ModuleList":
+        for m in modules:
+            self.append(m)
+        return self
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("ModuleList: a ModuleList has no forward(); iterate over it")
+
+
+class ModuleDict(Module):
+    """A dict of modules registered as children under their keys."""
+
+    def __init__(self, modules: Optional[dict] = None):
+        super().__init__()
+        for k, m in (modules or {}).items():
+            self[k] = m
+
+    def __setitem__(self, key: str, module: Module) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"ModuleDict: keys must be str, got {key!r}")
+        self.add_module(key, module)
+
+    def __getitem__(self, key: str) -> Module:
+        return self._modules[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def keys(self):
+        return self._modules.keys()
+
+    def values(self):
+        return self._modules.values()
+
+    def items(self):
+        return self._modules.items()
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("ModuleDict: a ModuleDict has no forward(); index it by key")

@@ -1,0 +1,404 @@
+"""``Module`` and ``Parameter``: the containers every layer is built from.
+
+A module is created without any placement (its parameters live on every rank, broadcast)
+and laid out afterwards with :meth:`Module.to_global` or a helper of
+:mod:`ctensor.nn.parallel`. ``to_global`` reshards each :class:`Parameter` *in place*: the
+Parameter object keeps its identity, so an optimizer built before (or after) keeps working.
+Nothing here communicates by itself; resharding is ordinary ``Tensor.to_global`` boxing.
+"""
+from __future__ import annotations
+
+import fnmatch
+from collections import OrderedDict
+from typing import Iterator, NamedTuple, Optional
+
+import numpy as np
+
+import ctensor as ct
+
+__all__ = ["Module", "Parameter", "IncompatibleKeys", "resolve_sbp_rules"]
+
+
+class Parameter(ct.Tensor):
+    """A leaf tensor that a :class:`Module` registers as one of its parameters.
+
+    Wraps ``data``'s shards without copying (``requires_grad`` defaults to True).
+
+    >>> w = nn.Parameter(ct.zeros(4, 3))
+    >>> w.requires_grad
+    True
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data: ct.Tensor, requires_grad: bool = True):
+        if not isinstance(data, ct.Tensor):
+            raise TypeError(f"Parameter: argument 'data' must be a ct.Tensor, got "
+                            f"{type(data).__name__}")
+        if requires_grad and data.dtype.kind not in "fc":
+            raise ValueError(f"Parameter: requires_grad=True needs a floating dtype, got "
+                             f"{data.dtype}")
+        # a Parameter *is* a tensor: it adopts the layout and shards of ``data``
+        super().__init__(data._layout, data.local_shards(), requires_grad=requires_grad)
+
+    def _adopt(self, src: ct.Tensor) -> None:
+        """Take ``src``'s layout and (copied) shards, keeping this object's identity."""
+        self._layout = src._layout
+        self._shards = {r: a.copy() for r, a in src.local_shards().items()}
+        self._version += 1
+
+    def reshard_(self, placement=None, sbp=None) -> "Parameter":
+        """Move this parameter (and its gradient) to ``placement``/``sbp`` in place.
+
+        Collective (every rank calls it). The object stays the same, so optimizers and
+        tied modules that hold it see the new layout.
+
+        >>> w.reshard_(ct.placement("cpu", [0, 1]), ct.sbp.split(0))
+        """
+        with ct.no_grad():
+            new = self.detach().to_global(placement, sbp)
+            if new.placement != self.placement or new.sbp != self.sbp:
+                self._adopt(new)
+            if self.grad is not None:
+                self.grad = self.grad.to_global(self.placement, self.sbp).detach()
+        return self
+
+    def cast_(self, dtype) -> "Parameter":
+        """Change this parameter's dtype in place (its gradient is dropped)."""
+        dtype = np.dtype(dtype)
+        if dtype != self.dtype:
+            with ct.no_grad():
+                self._adopt(self.detach().to(dtype))
+            self.grad = None
+        return self
+
+    def __repr__(self) -> str:
+        return "Parameter(" + super().__repr__()[len("tensor("):]
+
+
+class IncompatibleKeys(NamedTuple):
+    """What :meth:`Module.load_state_dict` returns (like PyTorch)."""
+
+    missing_keys: list
+    unexpected_keys: list
+
+
+def _sbp_tuple(value, ndim: int, where: str) -> tuple:
+    if isinstance(value, ct.sbp.SBP):
+        return (value,) * ndim if ndim > 1 and value == ct.sbp.broadcast else (value,)
+    if isinstance(value, (tuple, list)):
+        return tuple(value)
+    raise TypeError(f"Module.to_global: argument 'sbp' {where} must be an SBP or a tuple of "
+                    f"SBPs (one per mesh axis), got {value!r} ({type(value).__name__})")
+
+
+def resolve_sbp_rules(names_shapes: list, placement, sbp) -> dict:
+    """The SBP tuple of every parameter for ``Module.to_global(placement, sbp)``.
+
+    ``sbp`` is one SBP / tuple for all, or a dict from name (exact, else the first
+    matching fnmatch pattern in dict order) to SBP; unmatched names get broadcast.
+    Raises for a pattern that matches no parameter, before anything moves.
+    """
+    ndim = placement.ndim
+    broadcast = (ct.sbp.broadcast,) * ndim
+    if not isinstance(sbp, dict):
+        one = broadcast if sbp is None else _sbp_tuple(sbp, ndim, "")
+        return {name: one for name, _ in names_shapes}
+    for key in sbp:
+        if not isinstance(key, str):
+            raise TypeError(f"Module.to_global: the keys of argument 'sbp' must be parameter "
+                            f"names or fnmatch patterns (str), got {key!r}")
+    names = [n for n, _ in names_shapes]
+    unused = [k for k in sbp if not any(n == k or fnmatch.fnmatchcase(n, k) for n in names)]
+    if unused:
+        raise ValueError(f"Module.to_global: argument 'sbp' has rules {unused} that match no "
+                         f"parameter; the parameters are {names}")
+    out = {}
+    for name, _ in names_shapes:
+        if name in sbp:
+            rule = sbp[name]
+        else:
+            rule = next((v for k, v in sbp.items() if fnmatch.fnmatchcase(name, k)), None)
+        out[name] = broadcast if rule is None else _sbp_tuple(rule, ndim, f"for {name!r}")
+    return out
+
+
+class Module:
+    """Base class of layers and models (PyTorch style).
+
+    Assigning a :class:`Parameter` or a :class:`Module` as an attribute registers it;
+    ``model(x)`` calls ``forward``.
+
+    >>> class Net(nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = nn.Linear(4, 2)
+    ...     def forward(self, x):
+    ...         return self.fc(x)
+    >>> net = Net().to_global(ct.placement("cpu", [0, 1]), ct.sbp.broadcast)
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_parameters", OrderedDict())
+        object.__setattr__(self, "_buffers", OrderedDict())
+        object.__setattr__(self, "_modules", OrderedDict())
+        object.__setattr__(self, "training", True)
+
+    # ----------------------------------------------------------------- registration
+    def __setattr__(self, name: str, value) -> None:
+        if "_parameters" not in self.__dict__:
+            raise TypeError(f"{type(self).__name__}: call super().__init__() before assigning "
+                            f"attribute {name!r}")
+        for table in (self._parameters, self._buffers, self._modules):
+            table.pop(name, None)
+        if isinstance(value, Parameter):
+            self._parameters[name] = value
+        elif isinstance(value, Module):
+            self._modules[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str):
+        d = self.__dict__
+        for table in ("_parameters", "_buffers", "_modules"):
+            if table in d and name in d[table]:
+                return d[table][name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        for table in (self._parameters, self._buffers, self._modules):
+            if name in table:
+                del table[name]
+                return
+        object.__delattr__(self, name)
+
+    def register_parameter(self, name: str, param: Optional[Parameter]) -> None:
+        """Register ``param`` (or ``None``: an absent optional parameter) under ``name``."""
+        if param is not None and not isinstance(param, Parameter):
+            raise TypeError(f"register_parameter: argument 'param' must be an nn.Parameter or "
+                            f"None, got {type(param).__name__}")
+        if param is None:
+            object.__setattr__(self, name, None)
+        else:
+            setattr(self, name, param)
+
+    def register_buffer(self, name: str, tensor: Optional[ct.Tensor]) -> None:
+        """Register a non-trainable tensor saved in ``state_dict`` and moved by
+        ``to_global`` (always broadcast)."""
+        if tensor is not None and not isinstance(tensor, ct.Tensor):
+            raise TypeError(f"register_buffer: argument 'tensor' must be a ct.Tensor or None, "
+                            f"got {type(tensor).__name__}")
+        for table in (self._parameters, self._modules):
+            table.pop(name, None)
+        self.__dict__.pop(name, None)
+        self._buffers[name] = tensor
+
+    def add_module(self, name: str, module: "Module") -> None:
+        if not isinstance(module, Module):
+            raise TypeError(f"add_module: argument 'module' must be an nn.Module, got "
+                            f"{type(module).__name__}")
+        setattr(self, name, module)
+
+    # ----------------------------------------------------------------- traversal
+    def forward(self, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__}: subclasses of nn.Module must define "
+                        f"forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def children(self) -> Iterator["Module"]:
+        """The direct sub-modules."""
+        yield from self._modules.values()
+
+    def named_children(self) -> Iterator[tuple]:
+        yield from self._modules.items()
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple]:
+        """``(name, module)`` for this module and every descendant, each once."""
+        seen: set = set()
+        stack = [(prefix, self)]
+        while stack:
+            name, mod = stack.pop()
+            if id(mod) in seen:
+                continue
+            seen.add(id(mod))
+            yield name, mod
+            kids = [(f"{name}.{k}" if name else k, m) for k, m in mod._modules.items()]
+            stack.extend(reversed(kids))
+
+    def modules(self) -> Iterator["Module"]:
+        for _, m in self.named_modules():
+            yield m
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple]:
+        """``(dotted name, Parameter)``; a parameter shared by several modules (tied
+        weights) appears once, under its first name."""
+        seen: set = set()
+        mods = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mname, mod in mods:
+            for pname, p in mod._parameters.items():
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                yield (f"{mname}.{pname}" if mname else pname), p
+
+    def parameters(self, recurse: bool = True) -> Iterator[Parameter]:
+        """Every parameter once (for optimizers: ``optim.AdamW(model.parameters())``)."""
+        for _, p in self.named_parameters(recurse=recurse):
+            yield p
+
+    def named_buffers(self, prefix: str = "") -> Iterator[tuple]:
+        for mname, mod in self.named_modules(prefix):
+            for bname, b in mod._buffers.items():
+                if b is not None:
+                    yield (f"{mname}.{bname}" if mname else bname), b
+
+    def buffers(self) -> Iterator[ct.Tensor]:
+        for _, b in self.named_buffers():
+            yield b
+
+    # ----------------------------------------------------------------- modes and grads
+    def train(self, mode: bool = True) -> "Module":
+        """Training mode (dropout active) for this module and every descendant."""
+        for m in self.modules():
+            object.__setattr__(m, "training", bool(mode))
+        return self
+
+    def eval(self) -> "Module":
+        """Evaluation mode (dropout off)."""
+        return self.train(False)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Drop (or zero) every parameter's gradient."""
+        for p in self.parameters():
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        for p in self.parameters():
+            p.requires_grad_(requires_grad)
+        return self
+
+    def to(self, dtype) -> "Module":
+        """Cast every floating parameter and buffer to ``dtype`` in place."""
+        for p in self.parameters():
+            p.cast_(dtype)
+        for mod in self.modules():
+            for name, b in list(mod._buffers.items()):
+                if b is not None and b.dtype.kind in "fc":
+                    mod._buffers[name] = b.to(dtype)
+        return self
+
+    def double(self) -> "Module":
+        return self.to(np.float64)
+
+    def float(self) -> "Module":
+        return self.to(np.float32)
+
+    # ----------------------------------------------------------------- layout
+    def to_global(self, placement=None, sbp=None) -> "Module":
+        """Reshard every parameter in place and return the module.
+
+        ``sbp`` is one SBP (or tuple, one per mesh axis) for every parameter, or a dict from
+        parameter name or fnmatch pattern to SBP; parameters no rule matches are broadcast.
+        ``placement`` defaults to each parameter's own. Buffers become broadcast on the
+        placement. Collective: every rank calls it with the same arguments.
+
+        >>> mesh = ct.placement("cpu", [0, 1])
+        >>> model.to_global(mesh, {"fc1.weight": ct.sbp.split(0), "fc2.weight": ct.sbp.split(1)})
+        """
+        if placement is not None and not isinstance(placement, ct.Placement):
+            raise TypeError(f"Module.to_global: argument 'placement' must be a ct.placement, "
+                            f"got {placement!r} ({type(placement).__name__})")
+        params = list(self.named_parameters())
+        plans = []
+        if placement is None and sbp is None:
+            return self
+        groups: dict = {}
+        for name, p in params:  # rules resolve per target placement (its number of axes)
+            groups.setdefault(placement or p.placement, []).append((name, p))
+        for target, members in groups.items():
+            rules = resolve_sbp_rules([(n, tuple(p.shape)) for n, p in members], target, sbp)
+            for name, p in members:
+                try:
+                    norm = ct.sbp.normalize_sbp(rules[name], target.ndim, p.ndim,
+                                                "Module.to_global")
+                except (TypeError, ValueError) as exc:
+                    raise type(exc)(f"{exc} (parameter {name!r} of shape "
+                                    f"{tuple(p.shape)})") from None
+                plans.append((p, target, norm))
+        for p, target, norm in plans:  # everything validated: now move
+            p.reshard_(target, norm)
+        if placement is not None:
+            for mod in self.modules():
+                for bname, b in list(mod._buffers.items()):
+                    if b is not None:
+                        mod._buffers[bname] = b.to_global(
+                            placement, (ct.sbp.broadcast,) * placement.ndim)
+        return self
+
+    # ----------------------------------------------------------------- state
+    def state_dict(self) -> "OrderedDict[str, ct.Tensor]":
+        """Name -> tensor (parameters, detached, then buffers) in their current layouts."""
+        out: OrderedDict = OrderedDict()
+        for name, p in self.named_parameters():
+            out[name] = p.detach()
+        for name, b in self.named_buffers():
+            out[name] = b
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+        """Copy values into this module's parameters and buffers, keeping their layouts.
+
+        Values may be ct tensors in any placement/SBP or NumPy arrays. Everything is
+        checked (missing/unexpected keys when ``strict``, shapes, types) before the first
+        copy, so a failed load changes nothing.
+
+        >>> model.load_state_dict(ct.load("ckpt")["model"])
+        """
+        if not hasattr(state_dict, "items"):
+            raise TypeError(f"load_state_dict: argument 'state_dict' must be a mapping, got "
+                            f"{type(state_dict).__name__}")
+        own = self.state_dict()
+        missing = [k for k in own if k not in state_dict]
+        unexpected = [k for k in state_dict if k not in own]
+        if strict and (missing or unexpected):
+            raise ValueError(f"load_state_dict: the state dict does not match "
+                             f"{type(self).__name__}: missing keys {missing}, unexpected keys "
+                             f"{unexpected}; pass strict=False to load the common keys")
+        plan = []
+        for key, dst in own.items():
+            if key not in state_dict:
+                continue
+            src = state_dict[key]
+            if isinstance(src, ct.Tensor):
+                shape = tuple(src.shape)
+            elif isinstance(src, (np.ndarray, np.generic, int, float)):
+                src = np.asarray(src)
+                shape = src.shape
+            else:
+                raise TypeError(f"load_state_dict: entry {key!r} must be a ct.Tensor or a "
+                                f"NumPy array, got {type(src).__name__}")
+            if shape != tuple(dst.shape):
+                raise ValueError(f"load_state_dict: entry {key!r} has shape {shape} but the "
+                                 f"module's has shape {tuple(dst.shape)}")
+            plan.append((key, src))
+        targets = {**dict(self.named_parameters()), **dict(self.named_buffers())}
+        with ct.no_grad():
+            for key, src in plan:
+                targets[key].copy_(src)
+        return IncompatibleKeys(missing, unexpected)
+
+    # ----------------------------------------------------------------- printing
+    def extra_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"({k}): " + repr(m).replace("\n", "\n  ") for k, m in self._modules.items()]
+        head = f"{type(self).__name__}({self.extra_repr()}"
+        if not lines:
+            return head + ")"
+        return head + "\n  " + "\n  ".join(lines) + "\n)"
