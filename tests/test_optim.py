@@ -1,0 +1,345 @@
+"""Optimizers, schedulers and gradient clipping against NumPy references, over layouts.
+
+Gradients are set directly (``p.grad = ...`` in the parameter's layout), so these tests
+check the update rules and state layouts alone; tests/test_training.py checks them inside
+real training.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+import ctensor.nn as nn
+import ctensor.optim as optim
+
+S, B = ct.sbp.split, ct.sbp.broadcast
+RNG = np.random.default_rng(7)
+W0 = RNG.standard_normal((5, 3))
+B0 = RNG.standard_normal(5)
+GRADS = [(RNG.standard_normal((5, 3)), RNG.standard_normal(5)) for _ in range(3)]
+
+
+# ----------------------------------------------------------------------------- references
+def ref_sgd(p, grads, lr, momentum=0.0, dampening=0.0, weight_decay=0.0, nesterov=False):
+    buf = None
+    for g in grads:
+        d = g + weight_decay * p if weight_decay else g
+        if momentum:
+            buf = d.copy() if buf is None else buf * momentum + d * (1 - dampening)
+            d = d + buf * momentum if nesterov else buf
+        p = p - d * lr
+    return p
+
+
+def ref_adam(p, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, amsgrad=False,
+             decoupled=False):
+    b1, b2 = betas
+    m = v = 0.0
+    vmax = None
+    for t, g in enumerate(grads, 1):
+        if weight_decay and decoupled:
+            p = p * (1 - lr * weight_decay)
+        elif weight_decay:
+            g = g + p * weight_decay
+        m = m * b1 + g * (1 - b1)
+        v = v * b2 + g * g * (1 - b2)
+        if amsgrad:
+            vmax = v if vmax is None else np.maximum(vmax, v)
+        vv = vmax if amsgrad else v
+        p = p - m / (np.sqrt(vv) / math.sqrt(1 - b2 ** t) + eps) * (lr / (1 - b1 ** t))
+    return p
+
+
+CONFIGS = {
+    "sgd": (optim.SGD, dict(lr=0.1), ref_sgd),
+    "sgd-momentum-wd": (optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
+                        ref_sgd),
+    "sgd-nesterov": (optim.SGD, dict(lr=0.05, momentum=0.8, nesterov=True), ref_sgd),
+    "adam-l2-amsgrad": (optim.Adam, dict(lr=0.01, weight_decay=0.1, amsgrad=True), ref_adam),
+    "adamw": (optim.AdamW, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1),
+              lambda *a, **k: ref_adam(*a, decoupled=True, **k)),
+}
+
+
+def layouts(mesh):
+    """(weight sbp, bias sbp) pairs for the mesh, incl. uneven splits."""
+    if mesh.ndim == 1:
+        return [((B,), (B,)), ((S(0),), (S(0),)), ((S(1),), (B,))]
+    return [((S(0), S(1)), (B, S(0))), ((B, S(0)), (B, B)), ((S(1), B), (S(0), B))]
+
+
+def make_params(mesh, sbp_w, sbp_b, dtype=np.float64):
+    w = nn.Parameter(ct.tensor(W0, placement=mesh, sbp=sbp_w, dtype=dtype))
+    b = nn.Parameter(ct.tensor(B0, placement=mesh, sbp=sbp_b, dtype=dtype))
+    return w, b
+
+
+def set_grads(params, grads):
+    for p, g in zip(params, grads):
+        p.grad = ct.tensor(g, placement=p.placement, sbp=p.sbp, dtype=p.dtype)
+
+
+def run_steps(opt, params, grads):
+    for gs in grads:
+        set_grads(params, gs)
+        opt.step()
+        opt.zero_grad()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("zero", [None, 0])
+def test_update_matches_numpy_in_every_layout(mesh, name, zero):
+    cls, kwargs, ref = CONFIGS[name]
+    for sbp_w, sbp_b in layouts(mesh):
+        params = make_params(mesh, sbp_w, sbp_b)
+        opt = cls(params, shard_states_along=zero, **kwargs)
+        run_steps(opt, params, GRADS)
+        for p, p0, i in zip(params, (W0, B0), (0, 1)):
+            want = ref(p0, [g[i] for g in GRADS], **kwargs)
+            np.testing.assert_allclose(p.numpy(), want, rtol=1e-12, atol=1e-12)
+        assert (params[0].sbp, params[1].sbp) == (sbp_w, sbp_b)
+
+
+def test_states_follow_the_parameter_layout(mesh):
+    for sbp_w, sbp_b in layouts(mesh):
+        params = make_params(mesh, sbp_w, sbp_b)
+        opt = optim.Adam(params, lr=0.1)
+        run_steps(opt, params, GRADS[:1])
+        for p in params:
+            for key in ("exp_avg", "exp_avg_sq"):
+                st = opt.state[id(p)][key]
+                assert st.placement == p.placement and st.sbp == p.sbp
+
+
+def test_shard_states_along_splits_broadcast_axes(mesh):
+    for sbp_w, sbp_b in layouts(mesh):
+        params = make_params(mesh, sbp_w, sbp_b)
+        opt = optim.AdamW(params, lr=0.1, shard_states_along=0)
+        run_steps(opt, params, GRADS[:1])
+        for p in params:
+            st = opt.state[id(p)]["exp_avg"].sbp
+            placement, want = opt.state_layout(p)
+            assert st == want
+            taken = {s.dim for s in p.sbp if isinstance(s, ct.sbp.Split)}
+            if p.sbp[0] == B and any(d not in taken for d in range(p.ndim)):
+                assert isinstance(st[0], ct.sbp.Split)  # 5 rows / 3 cols fit every mesh here
+                assert st[0].dim not in taken  # a free dim: the B -> S slice is local
+            else:
+                assert st[0] == p.sbp[0]
+            assert all(a == b for a, b in zip(st[1:], p.sbp[1:]))
+
+
+def test_shard_states_along_bad_axis():
+    with ct.simulate(2):
+        params = make_params(ct.placement("cpu", [0, 1]), (B,), (B,))
+        opt = optim.Adam(params, lr=0.1, shard_states_along=1)
+        set_grads(params, GRADS[0])
+        with pytest.raises(ValueError, match="shard_states_along"):
+            opt.step()
+    with pytest.raises(ValueError, match="shard_states_along"):
+        optim.Adam([nn.Parameter(ct.zeros(2))], shard_states_along=-1)
+
+
+def test_float32_update(mesh):
+    sbp_w, sbp_b = layouts(mesh)[1]
+    params = make_params(mesh, sbp_w, sbp_b, dtype=np.float32)
+    opt = optim.AdamW(params, lr=0.01, weight_decay=0.1)
+    run_steps(opt, params, GRADS)
+    want = ref_adam(W0, [g[0] for g in GRADS], lr=0.01, weight_decay=0.1, decoupled=True)
+    assert params[0].dtype == np.float32
+    np.testing.assert_allclose(params[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_optimizer_keeps_working_after_module_to_global(mesh):
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(ct.tensor(W0))
+            self.b = nn.Parameter(ct.tensor(B0))
+
+    model = Two()
+    opt = optim.Adam(model.parameters(), lr=0.01, shard_states_along=0)
+    params = [model.w, model.b]
+    model.to_global(mesh, {"w": layouts(mesh)[1][0]})
+    run_steps(opt, params, GRADS[:2])
+    model.to_global(mesh, {"w": layouts(mesh)[2][0], "b": layouts(mesh)[2][1]})
+    assert model.w is params[0]
+    run_steps(opt, params, GRADS[2:])
+    want = ref_adam(W0, [g[0] for g in GRADS], lr=0.01)
+    np.testing.assert_allclose(model.w.numpy(), want, rtol=1e-12, atol=1e-12)
+    assert model.w.sbp == layouts(mesh)[2][0]
+    assert opt.state[id(model.w)]["exp_avg"].placement == mesh
+
+
+@pytest.mark.parametrize("name", ["sgd-momentum-wd", "adam-l2-amsgrad", "adamw"])
+def test_state_dict_round_trip_resumes_exactly(mesh, name):
+    cls, kwargs, ref = CONFIGS[name]
+    sbp_w, sbp_b = layouts(mesh)[-1]
+    params = make_params(mesh, sbp_w, sbp_b)
+    opt = cls(params, **kwargs)
+    run_steps(opt, params, GRADS[:2])
+    sd = opt.state_dict()
+    assert sorted(sd) == ["param_groups", "state"] and sd["param_groups"][0]["params"] == [0, 1]
+    # a fresh optimizer on parameters in another layout, states sharded: same continuation
+    other = make_params(mesh, *layouts(mesh)[0])
+    for p, q in zip(other, params):
+        p.copy_(q)
+    opt2 = cls(other, shard_states_along=0, **kwargs)
+    opt2.load_state_dict(sd)
+    run_steps(opt2, other, GRADS[2:])
+    run_steps(opt, params, GRADS[2:])
+    for p, q in zip(other, params):
+        np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-13, atol=1e-13)
+    st = opt2.state[id(other[0])]
+    assert st["step"] == 3
+    if "exp_avg" in st:
+        assert (st["exp_avg"].placement, st["exp_avg"].sbp) == opt2.state_layout(other[0])
+
+
+def test_load_state_dict_validates_before_changing():
+    params = make_params(ct.placement.all(), (B,), (B,))
+    opt = optim.Adam(params, lr=0.1)
+    run_steps(opt, params, GRADS[:1])
+    before = opt.state[id(params[0])]["exp_avg"].numpy()
+    sd = opt.state_dict()
+    bad = {"state": {0: {"step": 1, "exp_avg": np.zeros((2, 2))}}, "param_groups":
+           sd["param_groups"]}
+    with pytest.raises(ValueError, match="shape"):
+        opt.load_state_dict(bad)
+    with pytest.raises(ValueError, match="parameter groups"):
+        opt.load_state_dict({"state": {}, "param_groups": []})
+    with pytest.raises(ValueError, match="'state' and 'param_groups'"):
+        opt.load_state_dict({"state": {}})
+    np.testing.assert_array_equal(opt.state[id(params[0])]["exp_avg"].numpy(), before)
+    assert opt.param_groups[0]["lr"] == 0.1
+
+
+def test_param_groups_and_errors():
+    w = nn.Parameter(ct.tensor(W0))
+    b = nn.Parameter(ct.tensor(B0))
+    opt = optim.SGD([{"params": [w]}, {"params": [b], "lr": 0.5}], lr=0.1, momentum=0.9)
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.5]
+    assert opt.param_groups[1]["momentum"] == 0.9
+    with pytest.raises(ValueError, match="empty"):
+        optim.SGD([], lr=0.1)
+    with pytest.raises(TypeError, match="single ct.Tensor"):
+        optim.SGD(w, lr=0.1)
+    with pytest.raises(ValueError, match="'lr'"):
+        optim.Adam([w], lr=-1.0)
+    with pytest.raises(ValueError, match="'betas'"):
+        optim.Adam([w], betas=(0.9, 1.5))
+    with pytest.raises(ValueError, match="more than one"):
+        optim.SGD([w, w], lr=0.1)
+    with pytest.raises(ValueError, match="nesterov"):
+        optim.SGD([w], lr=0.1, nesterov=True)
+    with pytest.raises(ValueError, match="leaf"):
+        optim.SGD([w * 2], lr=0.1)
+    # parameters without a gradient are skipped
+    w.grad = None
+    before = w.numpy()
+    opt.step()
+    np.testing.assert_array_equal(w.numpy(), before)
+
+
+def test_step_with_closure():
+    w = nn.Parameter(ct.tensor(np.array([1.0, -2.0])))
+    opt = optim.SGD([w], lr=0.25)
+
+    def closure():
+        opt.zero_grad()
+        loss = (w * w).sum()
+        loss.backward()
+        return loss
+
+    loss = opt.step(closure)
+    assert float(loss) == pytest.approx(5.0)
+    np.testing.assert_allclose(w.numpy(), [0.5, -1.0])
+
+
+# ----------------------------------------------------------------------------- schedulers
+def _opt(lr=1.0):
+    return optim.SGD([nn.Parameter(ct.zeros(2))], lr=lr)
+
+
+def test_step_lr():
+    opt = _opt(1.0)
+    sched = optim.StepLR(opt, step_size=2, gamma=0.5)
+    lrs = []
+    for _ in range(5):
+        lrs.append(opt.param_groups[0]["lr"])
+        sched.step()
+    assert lrs == [1.0, 1.0, 0.5, 0.5, 0.25]
+    assert sched.get_last_lr() == [0.25]
+
+
+def test_cosine_annealing_lr():
+    opt = _opt(2.0)
+    sched = optim.CosineAnnealingLR(opt, T_max=4, eta_min=0.5)
+    got = []
+    for _ in range(5):
+        got.append(opt.param_groups[0]["lr"])
+        sched.step()
+    want = [0.5 + 1.5 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(5)]
+    np.testing.assert_allclose(got, want)
+
+
+def test_cosine_with_warmup_and_state_dict():
+    opt = _opt(1.0)
+    sched = optim.cosine_with_warmup(opt, warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    got = []
+    for _ in range(8):
+        got.append(opt.param_groups[0]["lr"])
+        sched.step()
+    assert got[:2] == [0.5, 1.0]
+    np.testing.assert_allclose(got[2:7], [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * k / 4))
+                                          for k in range(5)])
+    assert got[7] == pytest.approx(0.1)
+    opt2 = _opt(1.0)
+    sched2 = optim.cosine_with_warmup(opt2, warmup_steps=2, total_steps=6, min_lr_ratio=0.1)
+    sched2.load_state_dict(sched.state_dict())
+    assert opt2.param_groups[0]["lr"] == pytest.approx(opt.param_groups[0]["lr"])
+    with pytest.raises(ValueError, match="total_steps"):
+        optim.cosine_with_warmup(opt, warmup_steps=5, total_steps=5)
+    with pytest.raises(ValueError, match="step_size"):
+        optim.StepLR(opt, step_size=0)
+    with pytest.raises(TypeError, match="optimizer"):
+        optim.StepLR(object(), step_size=1)
+
+
+# ----------------------------------------------------------------------------- clipping
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf])
+def test_clip_grad_norm_in_every_layout(mesh, norm_type):
+    g_w, g_b = GRADS[0]
+    flat = np.concatenate([g_w.ravel(), g_b.ravel()])
+    total = (np.abs(flat).max() if math.isinf(norm_type)
+             else (np.abs(flat) ** norm_type).sum() ** (1 / norm_type))
+    for sbp_w, sbp_b in layouts(mesh):
+        params = make_params(mesh, sbp_w, sbp_b)
+        set_grads(params, GRADS[0])
+        norm = nn.utils.clip_grad_norm_(params, max_norm=1.0, norm_type=norm_type)
+        assert isinstance(norm, ct.Tensor) and norm.shape == ()
+        np.testing.assert_allclose(float(norm), total, rtol=1e-12)
+        scale = min(1.0, 1.0 / (total + 1e-6))
+        np.testing.assert_allclose(params[0].grad.numpy(), g_w * scale, rtol=1e-12)
+        np.testing.assert_allclose(params[1].grad.numpy(), g_b * scale, rtol=1e-12)
+        assert params[0].grad.sbp == sbp_w
+
+
+def test_clip_grad_norm_of_partial_grads_and_no_clip(mesh):
+    w = nn.Parameter(ct.tensor(W0, placement=mesh, sbp=(B,) * mesh.ndim))
+    w.grad = ct.tensor(GRADS[0][0] * 1e-3, placement=mesh,
+                       sbp=(ct.sbp.partial_sum,) * mesh.ndim)
+    norm = nn.utils.clip_grad_norm_([w], max_norm=100.0)
+    np.testing.assert_allclose(float(norm), np.linalg.norm(GRADS[0][0] * 1e-3), rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), GRADS[0][0] * 1e-3, rtol=1e-12)
+
+
+def test_clip_grad_norm_errors():
+    w = nn.Parameter(ct.tensor(np.array([1.0, np.inf])))
+    w.grad = ct.tensor(np.array([1.0, np.inf]))
+    with pytest.raises(ValueError, match="non-finite"):
+        nn.utils.clip_grad_norm_([w], 1.0, error_if_nonfinite=True)
+    with pytest.raises(ValueError, match="max_norm"):
+        nn.utils.clip_grad_norm_([w], -1.0)
+    assert float(nn.utils.clip_grad_norm_([nn.Parameter(ct.zeros(2))], 1.0)) == 0.0
