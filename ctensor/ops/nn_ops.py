@@ -36,7 +36,7 @@ import numpy as np
 
 from ..dispatch import apply, as_tensor, op
 from ..registry import OPS, register
-from ..sbp import Split
+from ..sbp import Broadcast, Partial, Split
 from ._rules import B, P, S, norm_dim, sig
 from .linalg import matmul_t
 
@@ -305,6 +305,15 @@ op("softmax", meta=_float_meta("softmax"), signatures=_rowwise_signatures,
     _softmax_kernel)
 
 
+def _reduced(t):
+    """A small reduction result with its partial axes made broadcast (so the big split
+    tensor it meets keeps its split rather than being made partial for free)."""
+    if not t._layout.has_partial:
+        return t
+    return OPS.to_global(t, None, tuple(Broadcast() if isinstance(s, Partial) else s
+                                        for s in t.sbp))
+
+
 def _split_along(x, dim: int) -> bool:
     return any(isinstance(s, Split) and s.dim == dim for s in x.sbp)
 
@@ -320,9 +329,9 @@ def _softmax(name: str, x, dim: int, log: bool):
     if not _split_along(x, dim):  # one fused pass; other splits stay local
         return apply("softmax", [x], dim=dim, log=log)
     # a split along dim: the max and the sum are reductions over ranks (P(max), P)
-    z = x - OPS.amax(x, dim=dim, keepdim=True).detach()
+    z = x - _reduced(OPS.amax(x, dim=dim, keepdim=True)).detach()
     e = OPS.exp(z)
-    s = OPS.sum(e, dim=dim, keepdim=True)
+    s = _reduced(OPS.sum(e, dim=dim, keepdim=True))
     return z - OPS.log(s) if log else e / s
 
 

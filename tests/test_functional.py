@@ -1,0 +1,387 @@
+"""ctensor.nn.functional against NumPy references, over every mesh of the ``mesh`` fixture
+and several input SBPs (vocabulary-split logits, split heads, split normalised dims ...);
+gradients in float64 against finite differences or hand-derived formulas; communication
+claims (no gather of split logits, communication-free matmuls) checked with
+``ct.debug.comm_log``; tensor- and data-parallel MLPs against one rank."""
+import math
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+import ctensor.nn.functional as F
+
+S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
+
+
+# ----------------------------------------------------------------------------- helpers
+def _sbps(mesh, *kinds):
+    """One SBP tuple per kind: the kind on every mesh axis, plus (kind, B) on a 2-D mesh."""
+    if mesh.ndim == 1:
+        return [(k,) for k in kinds]
+    out = [(k, k) for k in kinds] + [(k, B) for k in kinds if k != B]
+    return list(dict.fromkeys(out))
+
+
+def _t(arr, mesh, sbp, grad=False):
+    return ct.tensor(arr, placement=mesh, sbp=sbp, requires_grad=grad)
+
+
+def _fd(fn, arrays, i, weight, eps=1e-6):
+    """d sum(fn(*arrays) * weight) / d arrays[i] by central differences."""
+    base = [a.copy() for a in arrays]
+    grad = np.zeros_like(base[i])
+    for idx in np.ndindex(base[i].shape):
+        old = base[i][idx]
+        base[i][idx] = old + eps
+        hi = np.sum(fn(*base) * weight)
+        base[i][idx] = old - eps
+        lo = np.sum(fn(*base) * weight)
+        base[i][idx] = old
+        grad[idx] = (hi - lo) / (2 * eps)
+    return grad
+
+
+def _check(out, ref, xs, arrays, fn, rng, rtol=1e-6, atol=1e-8):
+    """``out`` equals ``ref``; grads of the tensors in ``xs`` (None: no grad) equal finite
+    differences of ``fn`` and come back in each input's own SBP."""
+    np.testing.assert_allclose(out.numpy(), ref, rtol=rtol, atol=atol)
+    weight = rng.standard_normal(ref.shape)
+    (out * ct.tensor(weight, placement=out.placement)).sum().backward()
+    for i, x in enumerate(xs):
+        if x is None or not x.requires_grad:
+            continue
+        assert x.grad.sbp == x.sbp and x.grad.placement == x.placement
+        np.testing.assert_allclose(x.grad.numpy(), _fd(fn, arrays, i, weight),
+                                   rtol=1e-5, atol=1e-7, err_msg=f"grad {i}, sbp {x.sbp}")
+
+
+def _softmax_np(x, dim):
+    e = np.exp(x - x.max(dim, keepdims=True))
+    return e / e.sum(dim, keepdims=True)
+
+
+def _log_softmax_np(x, dim):
+    z = x - x.max(dim, keepdims=True)
+    return z - np.log(np.exp(z).sum(dim, keepdims=True))
+
+
+def _layer_norm_np(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + eps) * w + b
+
+
+def _cross_entropy_np(logits, target, ignore_index=-100, reduction="mean"):
+    logp = _log_softmax_np(logits, -1)
+    valid = target != ignore_index
+    picked = np.take_along_axis(logp, np.where(valid, target, 0)[..., None], -1)[..., 0]
+    loss = np.where(valid, -picked, 0.0)
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / valid.sum()
+
+
+def _sdpa_np(q, k, v, mask=None, causal=False, scale=None):
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = q @ np.swapaxes(k, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], bool)), s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
+    return _softmax_np(s, -1) @ v
+
+
+# ----------------------------------------------------------------------------- layers
+def test_linear(mesh):
+    rng = np.random.default_rng(0)
+    x, w, b = rng.standard_normal((5, 3)), rng.standard_normal((4, 3)), rng.standard_normal(4)
+    ref = lambda x, w, b: x @ w.T + b  # noqa: E731
+    for sx, sw, sb in [(S(0), B, B), (B, S(0), S(0)), (S(1), S(1), B), (P, B, P)]:
+        xs = [_t(x, mesh, (sx,) * mesh.ndim, True), _t(w, mesh, (sw,) * mesh.ndim, True),
+              _t(b, mesh, (sb,) * mesh.ndim, True)]
+        _check(F.linear(*xs), ref(x, w, b), xs, [x, w, b], ref, rng)
+    y = F.linear(_t(x, mesh, (B,) * mesh.ndim), _t(w, mesh, (B,) * mesh.ndim))
+    np.testing.assert_allclose(y.numpy(), x @ w.T)
+
+
+def test_relu_gelu(mesh):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 5))
+    for sbp in _sbps(mesh, S(0), S(1), P):
+        xt = _t(x, mesh, sbp)
+        np.testing.assert_allclose(F.relu(xt).numpy(), np.maximum(x, 0))
+        tanh = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+        np.testing.assert_allclose(F.gelu(xt, approximate="tanh").numpy(), tanh, rtol=1e-7)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax(mesh, log):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((5, 7)) * 3
+    fn, ref = (F.log_softmax, _log_softmax_np) if log else (F.softmax, _softmax_np)
+    for sbp in _sbps(mesh, S(0), S(1), B, P):
+        for dim in (1, 0):
+            xt = _t(x, mesh, sbp, True)
+            _check(fn(xt, dim), ref(x, dim), [xt], [x], lambda a: ref(a, dim), rng)
+
+
+def test_softmax_large_values_are_stable(mesh):
+    x = np.array([[1000.0, 1001.0, 999.0, -1000.0, 1002.0]])
+    for sbp in _sbps(mesh, S(1), B):
+        got = F.softmax(_t(x, mesh, sbp), -1).numpy()
+        np.testing.assert_allclose(got, _softmax_np(x, -1))
+        got = F.log_softmax(_t(x, mesh, sbp), -1).numpy()
+        np.testing.assert_allclose(got, _log_softmax_np(x, -1))
+
+
+def test_layer_norm(mesh):
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal((5, 6)), rng.standard_normal(6), rng.standard_normal(6)
+    ref = _layer_norm_np
+    for sx, sw in [(S(0), B), (S(1), S(0)), (B, B), (P, B)]:
+        xs = [_t(x, mesh, (sx,) * mesh.ndim, True), _t(w, mesh, (sw,) * mesh.ndim, True),
+              _t(b, mesh, (sw,) * mesh.ndim, True)]
+        out = F.layer_norm(xs[0], (6,), xs[1], xs[2])
+        assert out.sbp == (sx,) * mesh.ndim or sx == P
+        _check(out, ref(x, w, b), xs, [x, w, b], ref, rng)
+    # several normalised dims, no affine
+    x3 = rng.standard_normal((2, 3, 4))
+    ref3 = (x3 - x3.mean((1, 2), keepdims=True)) / np.sqrt(x3.var((1, 2), keepdims=True) + 1e-5)
+    got = F.layer_norm(_t(x3, mesh, (S(2),) * mesh.ndim), (3, 4))
+    np.testing.assert_allclose(got.numpy(), ref3, rtol=1e-6, atol=1e-8)
+
+
+def test_layer_norm_split_hidden_keeps_split(mesh):
+    x = np.random.default_rng(4).standard_normal((4, 8))
+    sbp = (S(1),) * mesh.ndim
+    with ct.debug.comm_log() as log:
+        out = F.layer_norm(_t(x, mesh, sbp), 8)
+    assert out.sbp == sbp
+    assert set(log.collectives()) <= {"all_reduce"}
+    assert all(e.nbytes <= 4 * 8 * mesh.size for e in log)  # row statistics only
+
+
+def test_embedding(mesh):
+    rng = np.random.default_rng(5)
+    ids, w = rng.integers(0, 7, (3, 4)), rng.standard_normal((7, 5))
+    for si, sw in [(B, S(0)), (S(0), B), (S(1), B), (B, S(1)), (B, B)]:
+        wt = _t(w, mesh, (sw,) * mesh.ndim, True)
+        out = F.embedding(_t(ids, mesh, (si,) * mesh.ndim), wt)
+        np.testing.assert_allclose(out.numpy(), w[ids])
+        g = rng.standard_normal(out.shape)
+        (out * ct.tensor(g, placement=mesh)).sum().backward()
+        expected = np.zeros_like(w)
+        np.add.at(expected, ids, g)
+        assert wt.grad.sbp == wt.sbp
+        np.testing.assert_allclose(wt.grad.numpy(), expected)
+
+
+def test_embedding_vocab_split_no_gather_of_weight(mesh):
+    rng = np.random.default_rng(6)
+    ids, w = rng.integers(0, 9, (2, 3)), rng.standard_normal((9, 4))
+    sbp = (S(0),) * mesh.ndim
+    wt = _t(w, mesh, sbp, True)
+    with ct.debug.comm_log() as log:
+        out = F.embedding(_t(ids, mesh, (B,) * mesh.ndim), wt)
+        out.sum().backward()
+    assert all(s == P for s in out.sbp)
+    assert log.collectives() == [] and wt.grad.sbp == sbp
+
+
+# ----------------------------------------------------------------------------- losses
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy(mesh, reduction):
+    rng = np.random.default_rng(7)
+    logits = rng.standard_normal((6, 5)) * 2
+    target = rng.integers(0, 5, 6)
+    target[2] = -100
+    ref = lambda z: _cross_entropy_np(z, target, reduction=reduction)  # noqa: E731
+    for sbp in _sbps(mesh, S(1), S(0), B, P):
+        lt = _t(logits, mesh, sbp, True)
+        tt = _t(target, mesh, (B,) * mesh.ndim)
+        out = F.cross_entropy(lt, tt, reduction=reduction)
+        _check(out, np.asarray(ref(logits)), [lt], [logits], ref, rng)
+
+
+def test_cross_entropy_3d_and_grad_formula(mesh):
+    rng = np.random.default_rng(8)
+    logits = rng.standard_normal((2, 3, 7))
+    target = rng.integers(0, 7, (2, 3))
+    target[1, 0] = 4
+    for sbp in _sbps(mesh, S(2), S(1), S(0)):
+        lt = _t(logits, mesh, sbp, True)
+        loss = F.cross_entropy(lt, _t(target, mesh, (B,) * mesh.ndim))
+        np.testing.assert_allclose(loss.numpy(), _cross_entropy_np(logits, target))
+        loss.backward()
+        onehot = np.eye(7)[target]
+        np.testing.assert_allclose(lt.grad.numpy(), (_softmax_np(logits, -1) - onehot) / 6,
+                                   atol=1e-12)
+    # every target ignored: nan like PyTorch
+    t = np.full((2, 3), -100)
+    with np.errstate(invalid="ignore"):
+        loss = F.cross_entropy(_t(logits, mesh, (S(2),) * mesh.ndim),
+                               _t(t, mesh, (B,) * mesh.ndim))
+        assert np.isnan(loss.numpy())
+
+
+def test_cross_entropy_vocab_split_never_gathers_logits(mesh):
+    rng = np.random.default_rng(9)
+    n, c = 4, 32
+    logits = rng.standard_normal((n, c))
+    target = rng.integers(0, c, n)
+    sbp = (S(1),) * mesh.ndim
+    lt = _t(logits, mesh, sbp, True)
+    tt = _t(target, mesh, (B,) * mesh.ndim)
+    with ct.debug.comm_log() as log:
+        loss = F.cross_entropy(lt, tt)
+        loss.backward()
+    logits_bytes = min(lt._layout.local_nbytes(r) for r in mesh.rank_list)
+    assert "all_gather" not in log.collectives() and "all_to_all" not in log.collectives()
+    assert all(e.nbytes < logits_bytes for e in log if e.collective in log.collectives()), log
+    assert lt.grad.sbp == sbp
+    np.testing.assert_allclose(loss.numpy(), _cross_entropy_np(logits, target))
+    expected = (_softmax_np(logits, -1) - np.eye(c)[target]) / n
+    np.testing.assert_allclose(lt.grad.numpy(), expected, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- matmul comm
+@pytest.mark.parametrize("sa,sb,so", [(S(0), B, S(0)), (B, S(1), S(1)), (S(1), S(0), P)],
+                         ids=["S0@B", "B@S1", "S1@S0"])
+def test_matmul_canonical_cases_need_no_communication(mesh, sa, sb, so):
+    if mesh.ndim != 1:
+        pytest.skip("1-D rule")
+    rng = np.random.default_rng(10)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 7))
+    at, bt = _t(a, mesh, sa), _t(b, mesh, sb)
+    with ct.debug.comm_log() as log:
+        c = at @ bt
+    assert log.collectives() == [] and c.sbp == (so,)
+    np.testing.assert_allclose(c.numpy(), a @ b)
+
+
+def test_matmul_2x2_needs_no_communication(world4):
+    mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((6, 5)), rng.standard_normal((5, 7))
+    at, bt = _t(a, mesh, (S(0), B)), _t(b, mesh, (B, S(1)))
+    with ct.debug.comm_log() as log:
+        c = at @ bt
+    assert log.collectives() == [] and c.sbp == (S(0), S(1))
+    np.testing.assert_allclose(c.numpy(), a @ b)
+
+
+# ----------------------------------------------------------------------------- attention
+@pytest.mark.parametrize("mode", ["plain", "causal", "bool_mask", "float_mask"])
+def test_scaled_dot_product_attention(mesh, mode):
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((2, 3, 4, 2)) for _ in range(3))
+    mask = None
+    if mode == "bool_mask":
+        mask = rng.random((4, 4)) > 0.3
+        mask[:, 0] = True
+    elif mode == "float_mask":
+        mask = rng.standard_normal((4, 4))
+    causal = mode == "causal"
+
+    def ref(q, k, v):
+        return _sdpa_np(q, k, v, mask, causal)
+    for sbp in _sbps(mesh, S(1), S(0), S(2), B)[:4]:
+        xs = [_t(a, mesh, sbp, True) for a in (q, k, v)]
+        m = None if mask is None else _t(mask, mesh, (B,) * mesh.ndim)
+        out = F.scaled_dot_product_attention(*xs, attn_mask=m, is_causal=causal)
+        _check(out, ref(q, k, v), xs, [q, k, v], ref, rng)
+
+
+def test_attention_split_heads_is_local(mesh):
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal((2, 4, 5, 3)) for _ in range(3))
+    sbp = (S(1),) * mesh.ndim
+    xs = [_t(a, mesh, sbp, True) for a in (q, k, v)]
+    with ct.debug.comm_log() as log:
+        out = F.scaled_dot_product_attention(*xs, is_causal=True, scale=0.5)
+        grad_out = ct.ones(*out.shape, placement=mesh, sbp=sbp, dtype=np.float64)
+        out.backward(grad_out)
+    assert log.collectives() == [] and out.sbp == sbp
+    assert all(x.grad.sbp == sbp for x in xs)
+    np.testing.assert_allclose(out.numpy(), _sdpa_np(q, k, v, causal=True, scale=0.5))
+
+
+# ----------------------------------------------------------------------------- parallel MLP
+def _mlp_np(x, w1, b1, w2, b2):
+    h = x @ w1.T + b1
+    return np.maximum(h, 0) @ w2.T + b2
+
+
+def _mlp_run(mesh, arrays, sbps):
+    x, *params = [_t(a, mesh, s, grad=i > 0) for i, (a, s) in enumerate(zip(arrays, sbps))]
+    w1, b1, w2, b2 = params
+    y = F.linear(F.relu(F.linear(x, w1, b1)), w2, b2)
+    loss = (y * y).mean()
+    loss.backward()
+    return y.numpy(), loss.numpy(), [p.grad.numpy() for p in params], [p.grad.sbp
+                                                                    for p in params]
+
+
+def test_tensor_and_data_parallel_mlp_match_one_rank(mesh):
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((6, 4))
+    w1, b1 = rng.standard_normal((8, 4)), rng.standard_normal(8)
+    w2, b2 = rng.standard_normal((3, 8)), rng.standard_normal(3)
+    arrays = [x, w1, b1, w2, b2]
+    one = ct.placement("cpu", [0])
+    y1, loss1, grads1, _ = _mlp_run(one, arrays, [(B,)] * 5)
+    np.testing.assert_allclose(y1, _mlp_np(*arrays))
+    n = mesh.ndim
+    layouts = {
+        "data": [(S(0),) * n] + [(B,) * n] * 4,
+        # Megatron: column-parallel fc1 (w1, b1 S(0)), row-parallel fc2 (w2 S(1)), b2 B
+        "tensor": [(B,) * n, (S(0),) * n, (S(0),) * n, (S(1),) * n, (B,) * n],
+    }
+    if n == 2:  # data parallel over mesh axis 0, tensor parallel over axis 1
+        layouts["hybrid"] = [(S(0), B), (B, S(0)), (B, S(0)), (B, S(1)), (B, B)]
+    for name, sbps in layouts.items():
+        y, loss, grads, grad_sbps = _mlp_run(mesh, arrays, sbps)
+        np.testing.assert_allclose(y, y1, rtol=1e-10, err_msg=name)
+        np.testing.assert_allclose(loss, loss1, rtol=1e-10, err_msg=name)
+        assert grad_sbps == sbps[1:], name
+        for g, g1 in zip(grads, grads1):
+            np.testing.assert_allclose(g, g1, rtol=1e-9, atol=1e-12, err_msg=name)
+
+
+def test_tensor_parallel_mlp_forward_has_one_all_reduce(mesh):
+    if mesh.ndim != 1 or mesh.size == 1:
+        pytest.skip("1-D tensor parallel")
+    rng = np.random.default_rng(15)
+    x = _t(rng.standard_normal((4, 6)), mesh, B)
+    w1 = _t(rng.standard_normal((8, 6)), mesh, S(0))
+    w2 = _t(rng.standard_normal((6, 8)), mesh, S(1))
+    with ct.debug.comm_log() as log:
+        h = F.gelu(F.linear(x, w1))
+        y = F.linear(h, w2)
+        assert h.sbp == (S(1),) and y.sbp == (P,)
+        y = y.to_global(sbp=B)
+    assert log.collectives() == ["all_reduce"]
+
+
+# ----------------------------------------------------------------------------- errors
+def test_errors_name_op_and_argument(mesh):
+    x = ct.zeros(4, 3, placement=mesh)
+    with pytest.raises(ValueError, match="linear.*weight"):
+        F.linear(x, ct.zeros(2, 5, placement=mesh))
+    with pytest.raises(ValueError, match="layer_norm.*normalized_shape"):
+        F.layer_norm(x, (4,))
+    with pytest.raises(TypeError, match="cross_entropy.*target"):
+        F.cross_entropy(x, ct.zeros(4, placement=mesh))
+    with pytest.raises(ValueError, match="cross_entropy.*target"):
+        F.cross_entropy(x, ct.zeros(3, placement=mesh, dtype=np.int64))
+    with pytest.raises(ValueError, match="cross_entropy.*reduction"):
+        F.cross_entropy(x, ct.zeros(4, placement=mesh, dtype=np.int64), reduction="avg")
+    with pytest.raises(TypeError, match="embedding.*input"):
+        F.embedding(x, ct.zeros(5, 2, placement=mesh))
+    with pytest.raises(ValueError, match="matmul"):
+        x @ ct.zeros(4, 2, placement=mesh)
+    with pytest.raises(ValueError, match="dropout.*p"):
+        F.dropout(x, 1.5)
+    with pytest.raises(ValueError, match="scaled_dot_product_attention"):
+        F.scaled_dot_product_attention(x, ct.zeros(4, 2, placement=mesh), x)
