@@ -27,7 +27,7 @@ def _mpiexec() -> str:
 def test_suite_under_mpiexec(nprocs):
     env = dict(os.environ, PYTHONUNBUFFERED="1", CTENSOR_TIMEOUT="120")
     cmd = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "pytest", str(ROOT / "tests"),
-           "-x", "-q", "-p", "no:cacheprovider", "--timeout=180", "-W", "ignore"]
+           "-x", "--timeout=180", "-W", "ignore"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, f"mpiexec -n {nprocs} failed ({proc.returncode}):\n{tail}"
