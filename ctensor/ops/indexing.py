@@ -23,10 +23,9 @@ import numpy as np
 from ..dispatch import apply, as_tensor, op
 from ..registry import register
 from ..tensor import Tensor
-from ._rules import B, P, PMAX, PMIN, S, norm_dim, result_dtype, sig
-from .shape import int_args, unsqueeze
+from ._rules import B, P, S, norm_dim, result_dtype, sig
+from .shape import int_args, partial_signatures, unsqueeze
 
-_PARTIALS = (P, PMAX, PMIN)
 _NEW, _INT, _ALL, _SLICE = "new", "int", "all", "slice"
 
 
@@ -56,9 +55,11 @@ def parse_index(index, shape: tuple) -> tuple:
             continue
         if isinstance(it, bool) or isinstance(it, (Tensor, list, np.ndarray)) or \
                 not hasattr(it, "__index__"):
-            raise TypeError(f"getitem: index {it!r} ({type(it).__name__}) is not supported; "
-                            f"accepted: ints, slices with positive steps, None, ... and "
-                            f"tuples of these (basic indexing)")
+            given = (f"a ct.Tensor of shape {tuple(it.shape)}" if isinstance(it, Tensor)
+                     else f"{it!r} ({type(it).__name__})")  # a Tensor's repr would gather
+            raise TypeError(f"getitem: index {given} is not supported; accepted: ints, "
+                            f"slices with positive steps, None, ... and tuples of these "
+                            f"(basic indexing)")
     if sum(it is Ellipsis for it in items) > 1:
         raise ValueError(f"getitem: index {index!r} has more than one '...'; accepted: at "
                          f"most one")
@@ -144,12 +145,12 @@ def _local_index(entries: tuple) -> tuple:
 # ----------------------------------------------------------------------------- getitem
 def _getitem_signatures(layouts, index):
     cands = [sig([B], B)] + [sig([S(d)], S(j)) for d, j in _whole_dims(index)]
-    return cands + [sig([p], p) for p in _PARTIALS]
+    return cands + partial_signatures(layouts)
 
 
 def _scatter_signatures(layouts, index, shape):
     cands = [sig([B], B)] + [sig([S(j)], S(d)) for d, j in _whole_dims(index)]
-    return cands + [sig([P], P)]
+    return cands + partial_signatures(layouts, (P,))
 
 
 def _scatter_kernel(xp, g, index, shape, ctx):
@@ -275,7 +276,7 @@ def _cat_signatures(layouts, dim):
     k = len(layouts)
     cands = [sig([B] * k, B)]
     cands += [sig([S(e)] * k, S(e)) for e in range(layouts[0].ndim) if e != dim]
-    return cands + [sig([p] * k, p) for p in _PARTIALS]
+    return cands + partial_signatures(layouts)
 
 
 def _cat_backward(ctx, g):

@@ -32,6 +32,18 @@ from .elementwise import sum_to
 _PARTIALS = (P, PMAX, PMIN)
 
 
+def partial_signatures(layouts, kinds=_PARTIALS) -> list:
+    """``P..-> P`` (per partial kind in ``kinds``) for the kinds some input already has.
+
+    Boxing S -> P is a local zero-pad that the cost model counts as free, so offering P to
+    inputs that are not partial would turn a gather of a split into a full-size partial
+    output (memory x ranks and an all-reduce later); shape ops keep a partial input partial
+    and never make one.
+    """
+    present = {s for l in layouts for s in l.sbp}
+    return [sig([p] * len(layouts), p) for p in kinds if p in present]
+
+
 # ----------------------------------------------------------------------------- helpers
 def _one(opname: str, x):
     """``x`` as a ct.Tensor (NumPy arrays and scalars promoted), for one-input ops."""
@@ -100,7 +112,7 @@ def _reshape_signatures(layouts, shape):
             j = _aligned_dim(tuple(x.shape), tuple(shape), d, mesh_size)
             if j is not None:
                 cands.append(sig([S(d)], S(j)))
-    return cands + [sig([p], p) for p in _PARTIALS]
+    return cands + partial_signatures(layouts)
 
 
 op("reshape", meta=_reshape_meta, signatures=_reshape_signatures, needs_ctx=True,
@@ -213,7 +225,7 @@ def squeeze(x, dim=None):
 # ----------------------------------------------------------------------------- permute
 def _permute_signatures(layouts, dims):
     cands = [sig([B], B)] + [sig([S(d)], S(j)) for j, d in enumerate(dims)]
-    return cands + [sig([p], p) for p in _PARTIALS]
+    return cands + partial_signatures(layouts)
 
 
 def _inverse(dims: tuple) -> tuple:
@@ -297,7 +309,7 @@ def _expand_signatures(layouts, shape):
     lead = len(shape) - x.ndim
     cands = [sig([B], B)]
     cands += [sig([S(d)], S(lead + d)) for d, n in enumerate(x.shape) if n == shape[lead + d]]
-    return cands + [sig([p], p) for p in _PARTIALS]
+    return cands + partial_signatures(layouts)
 
 
 op("expand", meta=_expand_meta, signatures=_expand_signatures, needs_ctx=True,
@@ -364,7 +376,8 @@ def _tri_meta(name):
 
 def _tri_signatures(layouts, diagonal):
     (x,) = layouts
-    return [sig([B], B)] + [sig([S(d)], S(d)) for d in range(x.ndim)] + [sig([P], P)]
+    return [sig([B], B)] + [sig([S(d)], S(d)) for d in range(x.ndim)] + \
+        partial_signatures(layouts, (P,))
 
 
 def _tri_kernel(upper: bool):
