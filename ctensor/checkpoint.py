@@ -137,7 +137,7 @@ def _write_array(path: str, arr) -> None:
     arr = arr.get() if hasattr(arr, "get") else np.asarray(arr)
     part = path + ".part"
     with open(part, "wb") as f:
-        np.save(f, np.ascontiguousarray(arr))
+        np.save(f, np.asarray(arr, order="C"))
     os.replace(part, path)
 
 
@@ -358,7 +358,11 @@ def load(path: Union[str, os.PathLike], placement: Optional[Placement] = None, s
                 return arrays[index].copy()
             shape, dtype, regions = checked[index]
             where, how = _target(name, shape, dtype, placement, sbp, map)
-            layout = resolve("load", shape, where, how, dtype)
+            try:
+                layout = resolve("load", shape, where, how, dtype)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"{exc} (for tensor {name!r} of shape {shape}; choose its "
+                                f"layout with map=)") from None
             return generate(layout, lambda xp, box, dt: xp.asarray(
                 _read_region(box, dtype, regions, cache)))
 

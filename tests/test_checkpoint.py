@@ -1,0 +1,217 @@
+"""Checkpoints: round trips across layouts and world sizes, atomicity, clear errors.
+
+In simulation each test gets its own ``tmp_path``. Under mpiexec every rank must name the
+same directory: it is derived from the test name under a per-job folder in /tmp (the ranks
+of one job share their parent process), so concurrent jobs do not collide.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+import ctensor.nn as nn
+import ctensor.optim as optim
+from conftest import MPI_MODE
+
+S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
+RNG = np.random.default_rng(3)
+A = RNG.standard_normal((6, 5))          # uneven on 4 ranks
+V = np.arange(7, dtype=np.int64)
+
+
+def barrier():
+    """Every rank waits for every other (an all-gather)."""
+    ct.ones(ct.world_size(), sbp=S(0)).numpy()
+
+
+@pytest.fixture
+def ckpt_dir(request, tmp_path):
+    if not MPI_MODE:
+        yield str(tmp_path)
+        return
+    base = os.environ.get("CTENSOR_TEST_TMP") or \
+        f"/tmp/ctensor-tests-{os.getuid()}-{os.getppid()}"
+    path = os.path.join(base, re.sub(r"[^A-Za-z0-9_.-]", "_", request.node.name))
+    os.makedirs(path, exist_ok=True)
+    barrier()
+    yield path
+
+
+def test_round_trip_across_world_sizes(world4, ckpt_dir):
+    mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+    x = ct.tensor(A, placement=mesh, sbp=(S(0), S(1)))
+    y = ct.tensor(V, placement=mesh, sbp=(B, S(0)))
+    z = ct.tensor(A, placement=mesh, sbp=(P, S(0)))       # partial: reduced when saved
+    path = os.path.join(ckpt_dir, "ck")
+    ct.save({"x": x, "nested": {"y": y, "z": z}, "step": 5}, path)
+    back = ct.load(path)
+    assert back["step"] == 5
+    np.testing.assert_array_equal(back["x"].numpy(), A)
+    assert back["x"].placement == ct.placement.all() and back["x"].sbp == (B,)
+    assert back["nested"]["y"].dtype == np.int64
+    for size, sbp in [(2, S(1)), (1, B), (3, S(0))]:
+        with ct.simulate(size):
+            mesh2 = ct.placement("cpu", list(range(size)))
+            got = ct.load(path, placement=mesh2, map={"x": sbp, "nested.z": sbp})
+            for key, arr in [("x", got["x"]), ("z", got["nested"]["z"])]:
+                np.testing.assert_array_equal(arr.numpy(), A, err_msg=key)
+                assert arr.sbp == (sbp,)
+                for r, shard in arr.local_shards().items():
+                    box = arr._layout.box(r)
+                    np.testing.assert_array_equal(
+                        shard, A[tuple(slice(a, b) for a, b in box)])
+            np.testing.assert_array_equal(got["nested"]["y"].numpy(), V)
+
+
+@pytest.mark.skipif(MPI_MODE, reason="saving from several simulated worlds needs one process")
+def test_saved_in_small_world_loaded_in_large(tmp_path):
+    path = str(tmp_path / "ck")
+    with ct.simulate(2):
+        ct.save({"x": ct.tensor(A, placement=ct.placement("cpu", [0, 1]), sbp=S(1))}, path)
+    with ct.simulate(4):
+        mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+        got = ct.load(path, placement=mesh, sbp=(S(1), S(0)))["x"]
+        np.testing.assert_array_equal(got.numpy(), A)
+        assert got.sbp == (S(1), S(0))
+
+
+def test_tree_of_values_and_map(mesh, ckpt_dir):
+    obj = {"a": [1, 2.5, "s", None, True], "t": (3, {"k": "v"}), 7: {"int key": 1},
+           "arr": np.arange(6.0).reshape(2, 3),
+           "w": ct.tensor(A, placement=mesh, sbp=(S(0),) * mesh.ndim),
+           "e": ct.tensor(np.zeros((0, 3)), placement=mesh, sbp=(S(0),) * mesh.ndim),
+           "s": ct.tensor(np.float64(2.5), placement=mesh)}
+    path = os.path.join(ckpt_dir, "tree")
+    ct.save(obj, path)
+    got = ct.load(path, map={"w": S(1)})
+    assert got["a"] == [1, 2.5, "s", None, True]
+    assert got["t"] == (3, {"k": "v"}) and got[7] == {"int key": 1}
+    np.testing.assert_array_equal(got["arr"], obj["arr"])
+    assert got["w"].sbp == (S(1),) and got["e"].shape == (0, 3)
+    np.testing.assert_array_equal(got["w"].numpy(), A)
+    assert float(got["s"]) == 2.5
+    # a function choosing per tensor (name, shape, dtype) -> (placement, sbp)
+    sub = ct.placement("cpu", [0])
+    got = ct.load(path, map=lambda name, shape, dtype: (sub, B) if name == "w" else None)
+    assert got["w"].placement == sub
+    np.testing.assert_array_equal(got["w"].numpy(), A)
+
+
+def test_model_and_optimizer_resume_in_another_layout(mesh, ckpt_dir):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(ct.tensor(A))
+            self.b = nn.Parameter(ct.tensor(A[0]))
+
+        def forward(self, x):
+            return ((x * self.w + self.b) ** 2).mean()
+
+    def train(model, opt, steps):
+        x = ct.tensor(np.linspace(-1, 1, 30).reshape(6, 5), placement=model.w.placement)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(x).backward()
+            opt.step()
+
+    split = (S(0),) * mesh.ndim
+    model = Net().to_global(mesh, {"w": split})
+    opt = optim.AdamW(model.parameters(), lr=0.05)
+    train(model, opt, 2)
+    path = os.path.join(ckpt_dir, "resume")
+    ct.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 2}, path)
+    train(model, opt, 2)
+    state = ct.load(path)
+    other = Net().to_global(mesh, {"b": split})      # another layout, fresh values
+    opt2 = optim.AdamW(other.parameters(), lr=0.05, shard_states_along=0)
+    other.load_state_dict(state["model"])
+    opt2.load_state_dict(state["optim"])
+    assert other.b.sbp == split and other.w.sbp == (B,) * mesh.ndim
+    train(other, opt2, 2)
+    np.testing.assert_allclose(other.w.numpy(), model.w.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(other.b.numpy(), model.b.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_overwrite_is_atomic_and_leftovers_are_ignored(ckpt_dir):
+    path = os.path.join(ckpt_dir, "over")
+    ct.save({"x": ct.tensor(A)}, path)
+    if ct.rank() == 0:  # a crashed earlier save left its temporary directory behind
+        os.makedirs(path + ".ctensor-tmp", exist_ok=True)
+        with open(os.path.join(path + ".ctensor-tmp", "junk"), "w") as f:
+            f.write("x")
+    barrier()
+    ct.save({"x": ct.tensor(2 * A), "y": 1}, path)
+    got = ct.load(path)
+    np.testing.assert_array_equal(got["x"].numpy(), 2 * A)
+    assert got["y"] == 1
+    assert not os.path.exists(path + ".ctensor-tmp")
+    assert sorted(f for f in os.listdir(path) if not f.endswith(".npy")) == \
+        ["COMPLETE", "metadata.json"]
+
+
+def test_missing_and_incomplete_checkpoints(ckpt_dir):
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        ct.load(os.path.join(ckpt_dir, "nothing-here"))
+    path = os.path.join(ckpt_dir, "incomplete")
+    ct.save({"x": ct.tensor(A)}, path)
+    barrier()
+    if ct.rank() == 0:
+        os.remove(os.path.join(path, "COMPLETE"))
+    barrier()
+    with pytest.raises(ValueError, match="not a complete"):
+        ct.load(path)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "metadata", "remove", "reshape"])
+def test_corrupt_checkpoint_is_a_clear_error(ckpt_dir, damage):
+    path = os.path.join(ckpt_dir, f"corrupt-{damage}")
+    x = ct.tensor(A, sbp=S(0)) if ct.world_size() > 1 else ct.tensor(A)
+    ct.save({"x": x}, path)
+    barrier()
+    if ct.rank() == 0:
+        shard = os.path.join(path, "t0_r0.npy")
+        if damage == "truncate":
+            data = open(shard, "rb").read()
+            open(shard, "wb").write(data[: len(data) // 2])
+        elif damage == "metadata":
+            open(os.path.join(path, "metadata.json"), "w").write("{not json")
+        elif damage == "remove":
+            os.remove(shard)
+        else:
+            np.save(shard, np.zeros((1, 1)))
+    barrier()
+    with pytest.raises(ValueError, match="corrupt"):
+        ct.load(path)
+
+
+def test_failed_load_leaves_the_model_unchanged(ckpt_dir):
+    model = nn.Sequential()
+    model.w = nn.Parameter(ct.tensor(A))
+    model.b = nn.Parameter(ct.tensor(A[0]))
+    path = os.path.join(ckpt_dir, "partial-model")
+    ct.save({"w": ct.tensor(A + 1), "b": ct.tensor(np.zeros(3))}, path)
+    state = ct.load(path)
+    with pytest.raises(ValueError, match="shape"):
+        model.load_state_dict(state)
+    np.testing.assert_array_equal(model.w.numpy(), A)   # w was valid, but nothing moved
+    with pytest.raises(ValueError, match="missing keys"):
+        model.load_state_dict({"w": state["w"]})
+
+
+def test_save_errors(ckpt_dir):
+    with pytest.raises(TypeError, match="cannot save"):
+        ct.save({"f": object()}, os.path.join(ckpt_dir, "bad"))
+    with pytest.raises(TypeError, match="keys"):
+        ct.save({(1, 2): 1}, os.path.join(ckpt_dir, "bad"))
+    other = os.path.join(ckpt_dir, "not-a-checkpoint")
+    if ct.rank() == 0:
+        os.makedirs(other, exist_ok=True)
+        open(os.path.join(other, "precious.txt"), "w").write("keep me")
+    barrier()
+    with pytest.raises(ValueError, match="not a ctensor checkpoint"):
+        ct.save({"x": 1}, other)
+    assert os.path.exists(os.path.join(other, "precious.txt"))
+    with pytest.raises(TypeError, match="path"):
+        ct.load(3)
