@@ -8,7 +8,10 @@ from . import functional  # noqa: F401
 from .module import Module, Parameter
 from .layers import (Linear, Embedding, LayerNorm, Dropout, GELU, ReLU, Identity, Sequential,
                      ModuleList, ModuleDict)
-from . import utils
+from .transformer import CausalSelfAttention, MLP, Block, GPT
+from . import parallel, utils
 
 __all__ = ["functional", "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout",
-           "GELU", "ReLU", "Identity", "Sequential", "ModuleList", "ModuleDict", "utils"]
+           "GELU", "ReLU", "Identity", "Sequential", "ModuleList", "ModuleDict",
+           "CausalSelfAttention", "MLP", "Block", "GPT",
+           "parallel", "utils"]

@@ -1,0 +1,165 @@
+"""Parallelism as layouts: helpers that only choose SBPs for a model's parameters.
+
+Nothing here communicates. Each helper returns a rule dict (parameter name -> SBP) for
+:meth:`Module.to_global` or applies it; dispatch and boxing then insert every collective.
+
+* **Data parallel** — every parameter broadcast; the user splits the batch ``S(0)`` (see
+  :func:`batch_sbp`). Gradients of broadcast parameters are partial after backward and
+  are all-reduced when autograd boxes them to the parameter's SBP.
+* **Tensor parallel** (Megatron-LM): in attention, query/key/value are *column*-parallel
+  (weight ``(out, in)`` split ``S(0)``: each rank computes whole heads) and the output
+  projection *row*-parallel (``S(1)``: a partial result, one all-reduce); in the MLP ``fc``
+  is column- and ``proj`` row-parallel; the token embedding and the LM head are
+  *vocabulary*-parallel (``S(0)``; the cross entropy then works on vocabulary-split logits).
+  In a ``Sequential``, consecutive ``Linear`` layers alternate column, row, column, ...
+  Everything else (LayerNorm, position embedding, row-parallel biases) is broadcast.
+* **2-D** on a ``(dp, tp)`` mesh: broadcast along the data-parallel axis and the
+  tensor-parallel rule along the other, e.g. ``(B, S(0))``.
+
+>>> mesh = ct.placement("cpu", [[0, 1], [2, 3]])           # (dp=2, tp=2)
+>>> nn.parallel.hybrid_parallel(model, mesh)
+>>> idx = idx.to_global(mesh, nn.parallel.batch_sbp(mesh))  # (S(0), B)
+"""
+from __future__ import annotations
+
+import ctensor as ct
+
+from .layers import Embedding, Linear, Sequential
+from .module import Module
+from .transformer import GPT, MLP, CausalSelfAttention
+
+__all__ = ["data_parallel", "data_parallel_rules", "tensor_parallel", "tensor_parallel_rules",
+           "hybrid_parallel", "hybrid_parallel_rules", "batch_sbp"]
+
+S, B = ct.sbp.split, ct.sbp.broadcast
+COLUMN = {"weight": S(0), "bias": S(0)}   # output features split
+ROW = {"weight": S(1)}                    # input features split; bias broadcast
+
+
+def _check_module(fn: str, module) -> None:
+    if not isinstance(module, Module):
+        raise TypeError(f"{fn}: argument 'module' must be an nn.Module, got "
+                        f"{type(module).__name__}")
+
+
+def _check_placement(fn: str, placement, ndim=None) -> None:
+    if not isinstance(placement, ct.Placement):
+        raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
+                        f"{placement!r} ({type(placement).__name__})")
+    if ndim is not None and placement.ndim != ndim:
+        raise ValueError(f"{fn}: argument 'placement' must be a {ndim}-D mesh, got "
+                         f"{placement!r} with {placement.ndim} axes")
+
+
+def data_parallel_rules(module: Module, mesh_ndim: int = 1) -> dict:
+    """Every parameter broadcast on a mesh of ``mesh_ndim`` axes."""
+    _check_module("data_parallel_rules", module)
+    return {name: (B,) * mesh_ndim for name, _ in module.named_parameters()}
+
+
+def data_parallel(module: Module, placement) -> Module:
+    """Replicate ``module`` over ``placement`` (every parameter broadcast) and return it.
+
+    >>> model = nn.parallel.data_parallel(model, ct.placement("cpu", [0, 1]))
+    >>> x = x.to_global(sbp=ct.sbp.split(0))                   # split the batch
+    """
+    _check_module("data_parallel", module)
+    _check_placement("data_parallel", placement)
+    return module.to_global(placement, (B,) * placement.ndim)
+
+
+def _linear_rules(prefix: str, linear: Linear, kind: dict, rules: dict) -> None:
+    for pname, sbp in kind.items():
+        if getattr(linear, pname, None) is not None:
+            rules[f"{prefix}.{pname}" if prefix else pname] = sbp
+
+
+def tensor_parallel_rules(module: Module) -> dict:
+    """Megatron-style 1-D rules ``{parameter name: SBP}`` for the layers this module
+    contains (attention, MLP, GPT embeddings and head, Linear pairs in Sequential);
+    parameters without a rule are broadcast by ``to_global``.
+
+    >>> nn.parallel.tensor_parallel_rules(nn.MLP(8))
+    {'fc.weight': S(0), 'fc.bias': S(0), 'proj.weight': S(1)}
+    """
+    _check_module("tensor_parallel_rules", module)
+    rules: dict = {}
+    for name, mod in module.named_modules():
+        def sub(child: str) -> str:
+            return f"{name}.{child}" if name else child
+
+        if isinstance(mod, CausalSelfAttention):
+            for child in ("query", "key", "value"):
+                _linear_rules(sub(child), getattr(mod, child), COLUMN, rules)
+            _linear_rules(sub("proj"), mod.proj, ROW, rules)
+        elif isinstance(mod, MLP):
+            _linear_rules(sub("fc"), mod.fc, COLUMN, rules)
+            _linear_rules(sub("proj"), mod.proj, ROW, rules)
+        elif isinstance(mod, GPT):
+            rules[sub("wte.weight")] = S(0)
+            if not mod.tie_weights:
+                rules[sub("lm_head.weight")] = S(0)
+        elif isinstance(mod, Sequential):
+            linears = [(k, m) for k, m in mod.named_children() if isinstance(m, Linear)]
+            for i, (k, lin) in enumerate(linears):
+                _linear_rules(sub(k), lin, COLUMN if i % 2 == 0 else ROW, rules)
+        elif isinstance(mod, Embedding) and not name:
+            rules["weight"] = S(0)
+    return rules
+
+
+def tensor_parallel(module: Module, placement) -> Module:
+    """Lay ``module`` out tensor-parallel over a 1-D ``placement`` and return it; feed it
+    broadcast inputs.
+
+    >>> model = nn.parallel.tensor_parallel(model, ct.placement("cpu", [0, 1]))
+    """
+    _check_module("tensor_parallel", module)
+    _check_placement("tensor_parallel", placement, 1)
+    return module.to_global(placement, tensor_parallel_rules(module))
+
+
+def hybrid_parallel_rules(module: Module, mesh_ndim: int = 2, tp_axis: int = 1) -> dict:
+    """2-D (or N-D) rules: the tensor-parallel SBP on mesh axis ``tp_axis``, broadcast on
+    every other axis (data parallel), for every parameter.
+
+    >>> nn.parallel.hybrid_parallel_rules(nn.MLP(8))["fc.weight"]
+    (B, S(0))
+    """
+    _check_module("hybrid_parallel_rules", module)
+    if not 0 <= tp_axis < mesh_ndim:
+        raise ValueError(f"hybrid_parallel_rules: argument 'tp_axis' must be in "
+                         f"0..{mesh_ndim - 1} for a {mesh_ndim}-D mesh, got {tp_axis!r}")
+    tp = tensor_parallel_rules(module)
+    out = {}
+    for name, _ in module.named_parameters():
+        sbp = [B] * mesh_ndim
+        sbp[tp_axis] = tp.get(name, B)
+        out[name] = tuple(sbp)
+    return out
+
+
+def hybrid_parallel(module: Module, placement, tp_axis: int = 1) -> Module:
+    """Data parallel along every mesh axis but ``tp_axis``, tensor parallel along it.
+
+    >>> mesh = ct.placement("cpu", [[0, 1], [2, 3]])     # rows: data, columns: tensor
+    >>> model = nn.parallel.hybrid_parallel(model, mesh)
+    """
+    _check_module("hybrid_parallel", module)
+    _check_placement("hybrid_parallel", placement)
+    return module.to_global(placement, hybrid_parallel_rules(module, placement.ndim, tp_axis))
+
+
+def batch_sbp(placement, dp_axis: int = 0, dim: int = 0) -> tuple:
+    """The SBP of a batch for data parallelism: ``S(dim)`` on the data-parallel mesh axis,
+    broadcast on the others (e.g. ``(S(0), B)`` on a (dp, tp) mesh).
+
+    >>> x = x.to_global(mesh, nn.parallel.batch_sbp(mesh))
+    """
+    _check_placement("batch_sbp", placement)
+    if not 0 <= dp_axis < placement.ndim:
+        raise ValueError(f"batch_sbp: argument 'dp_axis' must be in 0..{placement.ndim - 1}, "
+                         f"got {dp_axis!r}")
+    sbp = [B] * placement.ndim
+    sbp[dp_axis] = S(dim)
+    return tuple(sbp)

@@ -1,0 +1,185 @@
+"""A GPT-2 style decoder: ``CausalSelfAttention``, ``MLP``, pre-LayerNorm ``Block``, ``GPT``.
+
+Written for one device; the layouts of :mod:`ctensor.nn.parallel` make it data, tensor
+(Megatron) or 2-D parallel with no change here. Query, key and value are three separate
+``Linear`` layers so that a column split of each weight (S(0), whole heads per rank when
+``n_head`` is a multiple of the tensor-parallel size) keeps the head reshape local.
+
+Initialisation follows GPT-2: weights N(0, 0.02), biases zero, the residual projections
+N(0, 0.02 / sqrt(2 n_layer)), embeddings N(0, 0.02); all drawn with ``ct.randn``, so the
+logical weights are the same for every layout.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import numpy as np
+
+import ctensor as ct
+
+from . import functional as F
+from .layers import Dropout, Embedding, GELU, LayerNorm, Linear, ModuleList
+from .module import Module
+
+__all__ = ["CausalSelfAttention", "MLP", "Block", "GPT"]
+
+
+def _check(fn: str, arg: str, value, positive: bool = True) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or \
+            (value <= 0 if positive else value < 0):
+        raise ValueError(f"{fn}: argument '{arg}' must be a positive int, got {value!r}")
+    return int(value)
+
+
+def _check_p(fn: str, p) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{fn}: argument 'dropout' must be a probability in [0, 1), got {p!r}")
+    return float(p)
+
+
+class CausalSelfAttention(Module):
+    """Multi-head causal self-attention on ``(batch, time, n_embd)`` inputs.
+
+    >>> attn = nn.CausalSelfAttention(n_embd=16, n_head=2)
+    >>> y = attn(x)                       # x (B, T, 16) -> (B, T, 16)
+    """
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 dtype=None):
+        super().__init__()
+        n_embd = _check("CausalSelfAttention", "n_embd", n_embd)
+        n_head = _check("CausalSelfAttention", "n_head", n_head)
+        if n_embd % n_head:
+            raise ValueError(f"CausalSelfAttention: argument 'n_embd' ({n_embd}) must be a "
+                             f"multiple of 'n_head' ({n_head})")
+        self.n_embd, self.n_head = n_embd, n_head
+        self.dropout = _check_p("CausalSelfAttention", dropout)
+        self.query = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
+        self.key = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
+        self.value = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
+        self.proj = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
+        self.resid_dropout = Dropout(self.dropout)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        if x.ndim != 3 or x.shape[-1] != self.n_embd:
+            raise ValueError(f"CausalSelfAttention: input must have shape (batch, time, "
+                             f"{self.n_embd}), got {tuple(x.shape)}")
+        b, t, c = x.shape
+        hd = c // self.n_head
+
+        def heads(y):  # (B, T, C) -> (B, nh, T, hd)
+            return y.reshape(b, t, self.n_head, hd).transpose(1, 2)
+
+        q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(b, t, c)
+        return self.resid_dropout(self.proj(y))
+
+    def extra_repr(self) -> str:
+        return f"n_embd={self.n_embd}, n_head={self.n_head}, dropout={self.dropout}"
+
+
+class MLP(Module):
+    """``proj(gelu(fc(x)))`` with a hidden width of ``4 * n_embd`` (GPT-2's tanh GELU).
+
+    >>> mlp = nn.MLP(16)
+    """
+
+    def __init__(self, n_embd: int, dropout: float = 0.0, bias: bool = True,
+                 hidden: Optional[int] = None, dtype=None):
+        super().__init__()
+        n_embd = _check("MLP", "n_embd", n_embd)
+        hidden = 4 * n_embd if hidden is None else _check("MLP", "hidden", hidden)
+        self.fc = Linear(n_embd, hidden, bias=bias, dtype=dtype)
+        self.act = GELU(approximate="tanh")
+        self.proj = Linear(hidden, n_embd, bias=bias, dtype=dtype)
+        self.dropout = Dropout(_check_p("MLP", dropout))
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return self.dropout(self.proj(self.act(self.fc(x))))
+
+
+class Block(Module):
+    """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``.
+
+    >>> block = nn.Block(n_embd=16, n_head=2)
+    """
+
+    def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
+                 dtype=None):
+        super().__init__()
+        self.ln_1 = LayerNorm(n_embd, dtype=dtype)
+        self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, dtype)
+        self.ln_2 = LayerNorm(n_embd, dtype=dtype)
+        self.mlp = MLP(n_embd, dropout, bias, dtype=dtype)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(Module):
+    """GPT-2 style language model: token + position embeddings, ``n_layer`` blocks, a final
+    LayerNorm and a linear head (tied to the token embedding when ``tie_weights``).
+
+    ``forward(idx, targets=None)`` takes integer ids ``(batch, time)`` with
+    ``time <= block_size`` and returns ``(logits, loss)``; ``loss`` is the mean cross
+    entropy against ``targets`` (None without targets).
+
+    >>> model = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    >>> logits, loss = model(idx, targets)
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
+                 n_embd: int, dropout: float = 0.0, tie_weights: bool = True, bias: bool = True,
+                 dtype=None):
+        super().__init__()
+        self.vocab_size = _check("GPT", "vocab_size", vocab_size)
+        self.block_size = _check("GPT", "block_size", block_size)
+        self.n_layer = _check("GPT", "n_layer", n_layer)
+        self.tie_weights = bool(tie_weights)
+        dropout = _check_p("GPT", dropout)
+        self.wte = Embedding(vocab_size, n_embd, std=0.02, dtype=dtype)
+        self.wpe = Embedding(block_size, n_embd, std=0.02, dtype=dtype)
+        self.drop = Dropout(dropout)
+        self.blocks = ModuleList([Block(n_embd, n_head, dropout, bias, dtype)
+                                  for _ in range(n_layer)])
+        self.ln_f = LayerNorm(n_embd, dtype=dtype)
+        self.lm_head = Linear(n_embd, vocab_size, bias=False, dtype=dtype)
+        if self.tie_weights:
+            self.lm_head.weight = self.wte.weight
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        residual_std = 0.02 / math.sqrt(2 * self.n_layer)
+        with ct.no_grad():
+            for name, mod in self.named_modules():
+                if not isinstance(mod, Linear) or (self.tie_weights and mod is self.lm_head):
+                    continue
+                std = residual_std if name.endswith(".proj") else 0.02
+                w = mod.weight
+                w.copy_(ct.randn(*w.shape, dtype=w.dtype) * std)
+                if mod.bias is not None:
+                    mod.bias.zero_()
+
+    def forward(self, idx: ct.Tensor, targets: Optional[ct.Tensor] = None):
+        if not isinstance(idx, ct.Tensor) or idx.ndim != 2 or idx.dtype.kind not in "iu":
+            raise TypeError(f"GPT: argument 'idx' must be an integer ct.Tensor of shape "
+                            f"(batch, time), got {idx!r}")
+        t = idx.shape[1]
+        if t > self.block_size:
+            raise ValueError(f"GPT: the sequence has {t} tokens but block_size is "
+                             f"{self.block_size}; crop the input")
+        pos = ct.arange(t, placement=idx.placement)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        loss = None if targets is None else F.cross_entropy(logits, targets)
+        return logits, loss
+
+    def extra_repr(self) -> str:
+        return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, "
+                f"n_layer={self.n_layer}, tie_weights={self.tie_weights}")
