@@ -15,6 +15,7 @@ from .runtime import (simulate, rank, world_size, set_default_dtype, get_default
 from .tensor import Tensor
 from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
                        full_like, empty)
+from .random import manual_seed, rand, randn, randint, rand_like, randn_like
 from . import ops as _ops  # noqa: F401  (registers every op)
 from . import autograd, debug
 from .checkpoint import save, load
