@@ -41,8 +41,8 @@ def _index_int(v, what: str) -> int:
     try:
         return operator.index(v)
     except TypeError:
-        raise TypeError(f"getitem: {what} must be an int or None, got {v!r} "
-                        f"({type(v).__name__})") from None
+        given = "a ct.Tensor" if isinstance(v, Tensor) else f"{v!r} ({type(v).__name__})"
+        raise TypeError(f"getitem: {what} must be an int or None, got {given}") from None
 
 
 def parse_index(index, shape: tuple) -> tuple:
