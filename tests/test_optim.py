@@ -201,7 +201,7 @@ def test_load_state_dict_validates_before_changing():
     params = make_params(ct.placement.all(), (B,), (B,))
     opt = optim.Adam(params, lr=0.1)
     run_steps(opt, params, GRADS[:1])
-    before = opt.state[id(params[0])]["exp_avg"].numpy()
+    before = opt.state[id(params[0])]["exp_avg"].numpy().copy()
     sd = opt.state_dict()
     bad = {"state": {0: {"step": 1, "exp_avg": np.zeros((2, 2))}}, "param_groups":
            sd["param_groups"]}
@@ -237,7 +237,7 @@ def test_param_groups_and_errors():
         optim.SGD([w * 2], lr=0.1)
     # parameters without a gradient are skipped
     w.grad = None
-    before = w.numpy()
+    before = w.numpy().copy()
     opt.step()
     np.testing.assert_array_equal(w.numpy(), before)
 
