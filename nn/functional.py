@@ -11,9 +11,9 @@ big tensor. Examples:
 * ``linear`` with a column-split weight then a row-split one: Megatron's tensor-parallel
   MLP, with one all-reduce at the end.
 
-Where a reduction's result is small (a row statistic) it is made broadcast on purpose
-(:func:`_reduced`), so that the big tensor it is combined with keeps its split instead of
-being turned partial.
+The kernels these need of their own (embedding lookup, the target pick, fused softmax,
+layer norm and cross entropy for unsplit dims, the causal mask) are core ops in
+``ctensor/ops/nn_ops.py``; a function here picks no layout itself.
 """
 from __future__ import annotations
 
@@ -40,18 +40,6 @@ def _check_float(fn: str, arg: str, x) -> None:
     if x.dtype.kind not in "fc":
         raise TypeError(f"{fn}: argument '{arg}' must be a floating tensor, got {x.dtype}; "
                         f"convert it with .float()")
-
-
-def _reduced(t):
-    """``t`` (a small reduction result) with its partial mesh axes reduced to broadcast.
-
-    Combining a split tensor with a partial one would otherwise make the split one partial
-    too (a free local step) and pay a full-size all-reduce later.
-    """
-    if not any(isinstance(s, ct.sbp.Partial) for s in t.sbp):
-        return t
-    return t.to_global(sbp=tuple(ct.sbp.broadcast if isinstance(s, ct.sbp.Partial) else s
-                                 for s in t.sbp))
 
 
 # ----------------------------------------------------------------------------- layers
@@ -130,29 +118,10 @@ def layer_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None, bias
     >>> y = F.layer_norm(x, (64,), gamma, beta)
     """
     _check_float("layer_norm", "input", x)
-    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) \
-        else tuple(normalized_shape)
-    n = len(shape)
-    if n == 0 or n > x.ndim or tuple(x.shape[x.ndim - n:]) != tuple(shape):
-        raise ValueError(f"layer_norm: argument 'normalized_shape' is {shape} but the input "
-                         f"has shape {tuple(x.shape)}; accepted: a non-empty tail of the "
-                         f"input's shape")
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None:
             _check_float("layer_norm", arg, t)
-            if tuple(t.shape) != shape:
-                raise ValueError(f"layer_norm: argument '{arg}' has shape {tuple(t.shape)}, "
-                                 f"accepted {shape} (normalized_shape)")
-    dims = tuple(range(x.ndim - n, x.ndim))
-    mean = _reduced(x.mean(dim=dims, keepdim=True))
-    xc = x - mean
-    var = _reduced((xc * xc).mean(dim=dims, keepdim=True))
-    y = xc * ct.rsqrt(var + eps)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
+    return ct.layer_norm(x, normalized_shape, weight, bias, eps)
 
 
 def embedding(input, weight):  # noqa: A002 - PyTorch's name
@@ -201,18 +170,13 @@ def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "me
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: argument 'reduction' is {reduction!r}, accepted "
                          f"{_REDUCTIONS}")
-    m = _reduced(ct.amax(logits, dim=-1, keepdim=True)).detach()
-    z = logits - m
-    lse = ct.log(_reduced(ct.exp(z).sum(dim=-1)))
-    loss = lse - ct.pick(z, target)
-    valid = target != ignore_index
-    loss = ct.where(valid, loss, 0.0)
+    loss = ct.softmax_cross_entropy(logits, target, ignore_index=ignore_index)
     if reduction == "none":
         return loss
     total = loss.sum()
     if reduction == "sum":
         return total
-    return total / valid.to(logits.dtype).sum()
+    return total / (target != ignore_index).to(logits.dtype).sum()
 
 
 # ----------------------------------------------------------------------------- dropout

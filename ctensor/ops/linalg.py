@@ -29,13 +29,15 @@ dim inserted (``unreduce``) and removed again (a sum over that size-1 dim).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..dispatch import apply, as_tensor, op
 from ..registry import OPS, register
 from ._rules import B, P, S, broadcast_shapes, result_dtype, sig
 from .elementwise import sum_to
 from .reduction import unreduce
 
-__all__ = ["matmul", "matmul_t"]
+__all__ = ["matmul", "matmul_t", "linear"]
 
 
 # ----------------------------------------------------------------------------- labelling
@@ -108,10 +110,15 @@ def _signatures(layouts, transpose_a: bool = False, transpose_b: bool = False):
 
 
 def _kernel(xp, a, b, transpose_a: bool = False, transpose_b: bool = False):
-    if transpose_a and a.ndim >= 2:
-        a = xp.swapaxes(a, -1, -2)
     if transpose_b and b.ndim >= 2:
         b = xp.swapaxes(b, -1, -2)
+    if a.ndim > 2 and b.ndim == 2 and not transpose_a:
+        # batch @ matrix as one (batch*m, k) @ (k, n) product: one large GEMM instead of a
+        # loop of small ones
+        flat = a.reshape(int(np.prod(a.shape[:-1])), a.shape[-1])
+        return xp.matmul(flat, b).reshape(a.shape[:-1] + b.shape[-1:])
+    if transpose_a and a.ndim >= 2:
+        a = xp.swapaxes(a, -1, -2)
     return xp.matmul(a, b)
 
 
@@ -172,3 +179,14 @@ def matmul(a, b):
     """
     return matmul_t(a, b)
 
+
+@register("linear")
+def linear(x, weight, bias=None):
+    """``x @ weight^T + bias`` (weight ``(out, in)`` like PyTorch), computed without a
+    transpose op: a column-split weight (S(0)) gives an output split on its last dim, a
+    row-split weight (S(1)) with an input split on its last dim gives a partial output.
+
+    >>> y = ct.linear(x, w, b)
+    """
+    y = matmul_t(x, weight, transpose_b=True)
+    return y if bias is None else y + bias

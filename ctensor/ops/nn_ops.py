@@ -14,7 +14,11 @@
   last two dims, from the shard offsets, so any split of any dim stays local.
 * fused ``softmax`` / ``log_softmax`` kernels for dims no mesh axis splits (one pass
   forward and backward instead of a chain of elementwise ops).
-* ``linear(x, weight, bias)``: ``x @ weight^T + bias`` without a transpose op.
+* ``layer_norm``: a fused normalisation kernel when no normalised dim is split (a split
+  one goes through partial means, two small all-reduces).
+* ``softmax_cross_entropy(logits, target)``: per-target loss; fused (one pass forward, one
+  backward) when the class dim is not split, else max via P(max), sum-exp via P and the
+  target logit via ``pick`` (P), so class-split logits are never gathered.
 
 Signatures (1-D):
 
@@ -38,9 +42,9 @@ from ..dispatch import apply, as_tensor, op
 from ..registry import OPS, register
 from ..sbp import Broadcast, Partial, Split
 from ._rules import B, P, S, norm_dim, sig
-from .linalg import matmul_t
 
-__all__ = ["embedding", "linear", "pick", "causal_fill", "softmax", "log_softmax"]
+__all__ = ["embedding", "pick", "causal_fill", "softmax", "log_softmax", "layer_norm",
+           "softmax_cross_entropy"]
 
 
 def _index_add(xp, out, index, values):
@@ -140,7 +144,7 @@ def embedding(input, weight):  # noqa: A002 - PyTorch's name
 
 
 # ----------------------------------------------------------------------------- pick
-def _pick_meta(layouts):
+def _pick_meta(layouts, ignore_index=None):
     x, index = layouts
     _check_int("pick", "index", index)
     if x.ndim == 0 or tuple(index.shape) != tuple(x.shape[:-1]):
@@ -150,7 +154,7 @@ def _pick_meta(layouts):
     return [(tuple(index.shape), x.dtype)]
 
 
-def _pick_signatures(layouts):
+def _pick_signatures(layouts, **_):
     x, _ = layouts
     last = x.ndim - 1
     cands = [sig([B, B], B)]
@@ -165,7 +169,18 @@ def _pick_positions(xp, index, lo, hi):
     return xp.where(inside, local, 0)[..., None], inside
 
 
-def _pick_kernel(xp, x, index, ctx):
+def _check_targets(opname, index, size, ignore_index):
+    """Targets must lie in [0, size) unless they equal ``ignore_index``."""
+    if ignore_index is None or not index.size:
+        return
+    bad = ((index < 0) | (index >= size)) & (index != ignore_index)
+    if bool(bad.any()):
+        raise ValueError(f"{opname}: target ids must lie in [0, {size}) or equal ignore_index "
+                         f"{ignore_index}, got {int(index[bad].reshape(-1)[0])}")
+
+
+def _pick_kernel(xp, x, index, ctx, ignore_index=None):
+    _check_targets("pick", index, ctx.in_layouts[0].shape[-1], ignore_index)
     lo, hi = ctx.in_box(0)[-1]
     if hi == lo:
         return xp.zeros(index.shape, dtype=x.dtype)
@@ -208,15 +223,18 @@ op("pick", meta=_pick_meta, signatures=_pick_signatures, needs_ctx=True,
 
 
 @register("pick")
-def pick(x, index):
+def pick(x, index, ignore_index=None):
     """``x[..., index]`` along the last dim: one value per row; an index outside
-    ``[0, x.shape[-1])`` (such as an ``ignore_index``) picks 0. A class-split ``x`` needs no
-    gather: each rank picks what it holds and the result is partial.
+    ``[0, x.shape[-1])`` picks 0 (with ``ignore_index`` given, only that value may lie
+    outside; others raise ``ValueError``). A class-split ``x`` needs no gather: each rank
+    picks what it holds and the result is partial.
 
     >>> target_logit = ct.pick(logits, target)     # logits S(1) -> P
     """
     x, index = as_tensor([x, index], "pick")
-    return apply("pick", [x, index])
+    if ignore_index is None:
+        return apply("pick", [x, index])
+    return apply("pick", [x, index], ignore_index=int(ignore_index))
 
 
 # ----------------------------------------------------------------------------- causal mask
@@ -251,19 +269,6 @@ def causal_fill(x, value: float = float("-inf"), diagonal: int = 0):
     """
     (x,) = as_tensor([x], "causal_fill")
     return apply("causal_fill", [x], value=float(value), diagonal=int(diagonal))
-
-
-# ----------------------------------------------------------------------------- linear
-@register("linear")
-def linear(x, weight, bias=None):
-    """``x @ weight^T + bias`` (weight ``(out, in)`` like PyTorch), computed without a
-    transpose op: a column-split weight (S(0)) gives an output split on its last dim, a
-    row-split weight (S(1)) with an input split on its last dim gives a partial output.
-
-    >>> y = ct.linear(x, w, b)
-    """
-    y = matmul_t(x, weight, transpose_b=True)
-    return y if bias is None else y + bias
 
 
 # ----------------------------------------------------------------------------- softmax
@@ -354,3 +359,160 @@ def log_softmax(x, dim: int):
     >>> logp = ct.log_softmax(logits, dim=-1)
     """
     return _softmax("log_softmax", x, dim, True)
+
+
+# ----------------------------------------------------------------------------- layer norm
+def _normalize(xp, x, ndims, eps):
+    axes = tuple(range(x.ndim - ndims, x.ndim))
+    mean = xp.mean(x, axis=axes, keepdims=True)
+    xc = x - mean
+    rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + eps)
+    return xc * rstd, rstd, axes
+
+
+def _layer_norm_kernel(xp, x, ndims, eps):
+    if x.size == 0:
+        return x.copy()
+    return _normalize(xp, x, ndims, eps)[0]
+
+
+def _layer_norm_grad_kernel(xp, g, x, ndims, eps):
+    """d/dx of (x - mean) * rstd: rstd * (g - mean(g) - xhat * mean(g * xhat))."""
+    if x.size == 0:
+        return g.copy()
+    xhat, rstd, axes = _normalize(xp, x, ndims, eps)
+    return rstd * (g - xp.mean(g, axis=axes, keepdims=True)
+                   - xhat * xp.mean(g * xhat, axis=axes, keepdims=True))
+
+
+def _leading_signatures(layouts, ndims, **_):
+    n = len(layouts)
+    return [sig([B] * n, B)] + [sig([S(e)] * n, S(e))
+                                for e in range(layouts[0].ndim - ndims)]
+
+
+op("layer_norm_grad", meta=_float_meta("layer_norm_grad"), signatures=_leading_signatures)(
+    _layer_norm_grad_kernel)
+op("layer_norm", meta=_float_meta("layer_norm"), signatures=_leading_signatures,
+   backward=lambda ctx, g: (apply("layer_norm_grad", [g, ctx.inputs[0]], **ctx.attrs),))(
+    _layer_norm_kernel)
+
+
+@register("layer_norm")
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
+    """Normalise over the last ``len(normalized_shape)`` dims (biased variance), then scale
+    by ``weight`` and shift by ``bias`` (optional, of ``normalized_shape``).
+
+    One fused kernel when no normalised dim is split (other splits stay local); a split
+    normalised dim goes through partial means (two small all-reduces of row statistics).
+
+    >>> y = ct.layer_norm(x, (64,), gamma, beta)
+    """
+    (x,) = as_tensor([x], "layer_norm")
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, np.integer)) \
+        else tuple(normalized_shape)
+    n = len(shape)
+    if n == 0 or n > x.ndim or tuple(x.shape[x.ndim - n:]) != shape:
+        raise ValueError(f"layer_norm: argument 'normalized_shape' is {shape} but the input "
+                         f"has shape {tuple(x.shape)}; accepted: a non-empty tail of the "
+                         f"input's shape")
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"layer_norm: the input must be a floating tensor, got {x.dtype}")
+    for arg, t in (("weight", weight), ("bias", bias)):
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"layer_norm: argument '{arg}' has shape {tuple(t.shape)}, "
+                             f"accepted {shape} (normalized_shape)")
+    dims = tuple(range(x.ndim - n, x.ndim))
+    if not any(_split_along(x, d) for d in dims):
+        y = apply("layer_norm", [x], ndims=n, eps=float(eps))
+    else:
+        xc = x - _reduced(OPS.mean(x, dim=dims, keepdim=True))
+        var = _reduced(OPS.mean(xc * xc, dim=dims, keepdim=True))
+        y = xc * OPS.rsqrt(var + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+# ----------------------------------------------------------------------------- cross entropy
+def _ce_meta(layouts, ignore_index):
+    logits, target = layouts[-2:]
+    if logits.dtype.kind != "f":
+        raise TypeError(f"softmax_cross_entropy: argument 'logits' must be floating, got "
+                        f"{logits.dtype}")
+    _check_int("softmax_cross_entropy", "target", target)
+    if logits.ndim == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(f"softmax_cross_entropy: target of shape {tuple(target.shape)} does "
+                         f"not match logits of shape {tuple(logits.shape)}; accepted: target "
+                         f"shape == logits.shape[:-1] (class dim last)")
+    return [(tuple(target.shape), logits.dtype)]
+
+
+def _ce_parts(xp, logits, target, ignore_index):
+    _check_targets("cross_entropy", target, logits.shape[-1], ignore_index)
+    valid = target != ignore_index
+    z = logits - xp.max(logits, axis=-1, keepdims=True)
+    e = xp.exp(z)
+    s = xp.sum(e, axis=-1, keepdims=True)
+    return z, e, s, valid, xp.where(valid, target, 0)[..., None]
+
+
+def _ce_kernel(xp, logits, target, ignore_index):
+    if logits.size == 0:
+        return xp.zeros(target.shape, dtype=logits.dtype)
+    z, _, s, valid, index = _ce_parts(xp, logits, target, ignore_index)
+    loss = xp.log(s[..., 0]) - xp.take_along_axis(z, index, axis=-1)[..., 0]
+    return xp.where(valid, loss, xp.zeros((), dtype=logits.dtype))
+
+
+def _ce_grad_kernel(xp, g, logits, target, ignore_index):
+    """(softmax(logits) - onehot(target)) * g per row; ignored rows get 0."""
+    if logits.size == 0:
+        return xp.zeros(logits.shape, dtype=logits.dtype)
+    _, e, s, valid, index = _ce_parts(xp, logits, target, ignore_index)
+    scale = xp.where(valid, g, xp.zeros((), dtype=g.dtype))[..., None]
+    out = e * (scale / s)
+    picked = xp.take_along_axis(out, index, axis=-1)
+    xp.put_along_axis(out, index, picked - scale, axis=-1)
+    return out
+
+
+def _ce_signatures(layouts, **_):
+    n, nd = len(layouts), layouts[-1].ndim  # target: the last input, (...) dims
+    cands = [sig([B] * n, B)] + [sig([S(d)] * n, S(d)) for d in range(nd)]
+    if n == 3:  # the grad is linear in g
+        cands.append(sig([P, B, B], P))
+    return cands
+
+
+op("softmax_cross_entropy_grad",
+   meta=lambda layouts, **_: [(tuple(layouts[1].shape), layouts[1].dtype)],
+   signatures=_ce_signatures)(_ce_grad_kernel)
+op("softmax_cross_entropy", meta=_ce_meta, signatures=_ce_signatures,
+   backward=lambda ctx, g: (apply("softmax_cross_entropy_grad", [g, *ctx.inputs],
+                                  **ctx.attrs), None))(_ce_kernel)
+
+
+@register("softmax_cross_entropy")
+def softmax_cross_entropy(logits, target, ignore_index: int = -100):
+    """Per-target loss ``logsumexp(logits) - logits[target]`` over the last (class) dim, 0
+    where ``target == ignore_index``.
+
+    Fused when the class dim is not split (batch splits stay local). Class-split logits are
+    never gathered: the max goes through P(max), the sum of exponentials through P and the
+    target logit through :func:`pick` (P); only row statistics move.
+
+    >>> loss = ct.softmax_cross_entropy(logits, target).mean()
+    """
+    logits, target = as_tensor([logits, target], "softmax_cross_entropy")
+    ignore_index = int(ignore_index)
+    _ce_meta((logits._layout, target._layout), ignore_index)
+    if not _split_along(logits, logits.ndim - 1):
+        return apply("softmax_cross_entropy", [logits, target], ignore_index=ignore_index)
+    m = _reduced(OPS.amax(logits, dim=-1, keepdim=True)).detach()
+    z = logits - m
+    lse = OPS.log(_reduced(OPS.sum(OPS.exp(z), dim=-1)))
+    loss = lse - pick(z, target, ignore_index=ignore_index)
+    return OPS.where(target != ignore_index, loss, 0.0)

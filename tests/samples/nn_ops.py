@@ -59,6 +59,43 @@ def _softmax_ref(dim, log=False):
     return ref
 
 
+def _layer_norm_ref(ndims):
+    def ref(x, w=1.0, b=0.0):
+        axes = tuple(range(x.ndim - ndims, x.ndim))
+        xc = x - x.mean(axes, keepdims=True)
+        return xc / np.sqrt((xc * xc).mean(axes, keepdims=True) + 1e-5) * w + b
+    return ref
+
+
+def _ce_inputs(rng, shape, i):
+    """logits (i == 0), then targets in [-1, C) with -1 the ignore_index."""
+    return rng.standard_normal(shape) * 2 if i == 0 else rng.integers(-1, 5, shape)
+
+
+def _ce_ref(logits, target):
+    z = logits - logits.max(-1, keepdims=True)
+    lse = np.log(np.exp(z).sum(-1))
+    valid = target != -1
+    picked = np.take_along_axis(z, np.where(valid, target, 0)[..., None], -1)[..., 0]
+    return np.where(valid, lse - picked, 0.0)
+
+
+def _ce_grad_inputs(rng, shape, i):
+    return rng.integers(-1, 5, shape) if i == 2 else rng.standard_normal(shape)
+
+
+def _ce_grad_ref(g, logits, target):
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    valid = target != -1
+    onehot = np.eye(logits.shape[-1])[np.where(valid, target, 0)]
+    return (p - onehot) * np.where(valid, g, 0.0)[..., None]
+
+
+def _ce(logits, target):
+    return ct.softmax_cross_entropy(logits, target, ignore_index=-1)
+
+
 SAMPLES = [
     Sample("embedding", ct.embedding, lambda ids, w: w[ids], [(4, 3), (VOCAB, 4)],
            uneven=[(5, 3), (7, 5)], make=_ids_first, grad=(1,)),
@@ -84,13 +121,26 @@ SAMPLES = [
     Sample("log_softmax", lambda x: ct.log_softmax(x, -1), _softmax_ref(-1, True), [(4, 3)]),
     Sample("log_softmax", lambda x: ct.log_softmax(x, 1), _softmax_ref(1, True), [(2, 4, 3)],
            name="log_softmax_dim1"),
-    Sample("linear", ct.linear, lambda x, w, b: x @ w.T + b, [(4, 3), (2, 3), (2,)],
-           uneven=[(7, 5), (3, 5), (3,)], grad=(0, 1, 2)),
-    Sample("linear", ct.linear, lambda x, w: x @ w.T, [(2, 4, 3), (4, 3)],
-           uneven=[(3, 5, 7), (5, 7)], grad=(0, 1), name="linear_nobias"),
+    Sample("layer_norm", lambda x: ct.layer_norm(x, x.shape[-1]), _layer_norm_ref(1), [(4, 3)],
+           uneven=[(7, 5)], rtol=1e-6, atol=1e-8, name="layer_norm"),
+    Sample("layer_norm", lambda x, w, b: ct.layer_norm(x, w.shape, w, b), _layer_norm_ref(2),
+           [(2, 3, 2), (3, 2), (3, 2)], uneven=[(3, 5, 2), (5, 2), (5, 2)], grad=(0, 1, 2),
+           rtol=1e-6, atol=1e-8, name="layer_norm_affine"),
+    Sample("softmax_cross_entropy", _ce, _ce_ref, [(4, 5), (4,)],
+           uneven=[(7, 5), (7,)], make=_ce_inputs, rtol=1e-7, atol=1e-9),
+    Sample("softmax_cross_entropy", _ce, _ce_ref, [(2, 3, 5), (2, 3)],
+           uneven=[(3, 5, 7), (3, 5)], make=_ce_inputs, name="softmax_cross_entropy_3d"),
+    Sample("softmax_cross_entropy_grad",
+           lambda g, x, t: apply("softmax_cross_entropy_grad", [g, x, t], ignore_index=-1),
+           _ce_grad_ref, [(4,), (4, 5), (4,)], uneven=[(7,), (7, 5), (7,)],
+           make=_ce_grad_inputs, grad=()),
+    Sample("pick", lambda x, i: ct.pick(x, i, ignore_index=-1), _pick_ref, [(4, 5), (4,)],
+           uneven=[(7, 5), (7,)], make=_ids_second, name="pick_ignore_index"),
 ]
 
 COVERED_ELSEWHERE = {
+    "layer_norm_grad": "internal: the backward kernel of the fused layer_norm, checked by "
+                       "its gradient tests",
     "softmax_grad": "internal: the backward kernel of the fused softmax/log_softmax, checked "
                     "by their gradient tests",
 }
