@@ -195,8 +195,9 @@ def dropout(x, p: float = 0.5, training: bool = True):
         return x
     if p == 1.0:
         return x * 0.0
-    sbp = tuple(ct.sbp.broadcast if isinstance(s, ct.sbp.Partial) else s for s in x.sbp)
-    keep = ct.rand(*x.shape, placement=x.placement, sbp=sbp, dtype=x.dtype) >= p
+    # the mask takes x's splits (partial axes become broadcast): drawn locally, no traffic;
+    # masking is linear, so a partial x stays partial
+    keep = ct.rand_like(x) >= p
     return ct.where(keep, x, 0.0) * (1.0 / (1.0 - p))
 
 

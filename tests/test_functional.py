@@ -271,6 +271,31 @@ def test_matmul_2x2_needs_no_communication(world4):
     np.testing.assert_allclose(c.numpy(), a @ b)
 
 
+# ----------------------------------------------------------------------------- dropout
+def test_dropout_mask_is_layout_independent_and_scaled(mesh):
+    x = np.random.default_rng(16).standard_normal((6, 40)) + 3.0
+    outs, grads = [], []
+    for sbp in _sbps(mesh, S(0), S(1), B, P):
+        ct.manual_seed(7)
+        xt = _t(x, mesh, sbp, True)
+        with ct.debug.comm_log() as log:
+            y = F.dropout(xt, 0.25)
+        assert log.collectives() == []
+        outs.append(y.numpy())
+        y.sum().backward()
+        grads.append(xt.grad.numpy())
+    for y, g in zip(outs, grads):
+        np.testing.assert_array_equal(y, outs[0])
+        np.testing.assert_array_equal(g, grads[0])
+    kept = outs[0] != 0
+    np.testing.assert_allclose(outs[0][kept], x[kept] / 0.75)
+    np.testing.assert_allclose(grads[0], kept / 0.75)
+    assert 0.6 < kept.mean() < 0.9
+    xt = _t(x, mesh, (S(0),) * mesh.ndim)
+    assert F.dropout(xt, 0.5, training=False) is xt and F.dropout(xt, 0.0) is xt
+    assert not F.dropout(xt, 1.0).numpy().any()
+
+
 # ----------------------------------------------------------------------------- attention
 @pytest.mark.parametrize("mode", ["plain", "causal", "bool_mask", "float_mask"])
 def test_scaled_dot_product_attention(mesh, mode):
@@ -305,6 +330,18 @@ def test_attention_split_heads_is_local(mesh):
     assert log.collectives() == [] and out.sbp == sbp
     assert all(x.grad.sbp == sbp for x in xs)
     np.testing.assert_allclose(out.numpy(), _sdpa_np(q, k, v, causal=True, scale=0.5))
+
+
+def test_attention_dropout_is_layout_independent(mesh):
+    rng = np.random.default_rng(17)
+    q, k, v = (rng.standard_normal((2, 4, 5, 3)) for _ in range(3))
+    outs = []
+    for sbp in _sbps(mesh, S(1), B)[:2]:
+        ct.manual_seed(3)
+        xs = [_t(a, mesh, sbp) for a in (q, k, v)]
+        outs.append(F.scaled_dot_product_attention(*xs, dropout_p=0.5).numpy())
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-12)
+    assert not np.allclose(outs[0], _sdpa_np(q, k, v))
 
 
 # ----------------------------------------------------------------------------- parallel MLP
