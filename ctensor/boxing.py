@@ -194,6 +194,17 @@ class _ToPartial(_Step):
         super().__init__(before, after, mesh_axis)
         self.op, self.from_split = op, from_split
 
+    def cost(self):
+        # S -> P moves nothing now, but inflates each rank's array to the full size, and the
+        # partial result must be reduced later: charge what that reduction will move, so a
+        # signature choice never prefers padding a split input over keeping it split.
+        # B -> P (how constants join a partial sum) is genuinely free.
+        if not self.from_split:
+            return 0.0
+        k = self.before.placement.shape[self.mesh_axis]
+        return (k - 1) / k * max(self.after.local_nbytes(r)
+                                 for r in self.after.placement.rank_list)
+
     def run(self, comm, shards):
         out = {}
         p = self.before.placement
