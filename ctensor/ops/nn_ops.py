@@ -49,11 +49,20 @@ __all__ = ["embedding", "pick", "causal_fill", "softmax", "log_softmax", "layer_
 
 def _index_add(xp, out, index, values):
     """``out[index[i]] += values[i]`` with repeated indices accumulating."""
-    if xp is np:
-        np.add.at(out, index, values)
-    else:
+    if xp is np or hasattr(xp.add, "at"):
+        xp.add.at(out, index, values)
+    else:  # older CuPy
         import cupyx
         cupyx.scatter_add(out, index, values)
+    return out
+
+
+def _last_dim_add(xp, out, index, values):
+    """``out[..., index[...]] += values[...]`` (one position per row of the last dim), by
+    flat fancy indexing (the same code on NumPy and CuPy)."""
+    rows = out.reshape(-1, out.shape[-1])  # a view: out is freshly made and contiguous
+    flat = index.reshape(-1)
+    rows[xp.arange(flat.shape[0]), flat] += values.reshape(-1)
     return out
 
 
@@ -210,9 +219,8 @@ def _pick_grad_kernel(xp, g, index, x, ctx):
     if hi == lo:
         return out
     local, inside = _pick_positions(xp, index, lo, hi)
-    values = xp.where(inside, g, xp.zeros((), dtype=g.dtype))[..., None]
-    xp.put_along_axis(out, local, values, axis=-1)
-    return out
+    values = xp.where(inside, g, xp.zeros((), dtype=g.dtype))
+    return _last_dim_add(xp, out, local, values)
 
 
 op("pick_grad", meta=_pick_grad_meta, signatures=_pick_grad_signatures, needs_ctx=True)(
@@ -474,9 +482,7 @@ def _ce_grad_kernel(xp, g, logits, target, ignore_index):
     _, e, s, valid, index = _ce_parts(xp, logits, target, ignore_index)
     scale = xp.where(valid, g, xp.zeros((), dtype=g.dtype))[..., None]
     out = e * (scale / s)
-    picked = xp.take_along_axis(out, index, axis=-1)
-    xp.put_along_axis(out, index, picked - scale, axis=-1)
-    return out
+    return _last_dim_add(xp, out, index, -scale)
 
 
 def _ce_signatures(layouts, **_):
