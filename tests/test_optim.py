@@ -343,3 +343,17 @@ def test_clip_grad_norm_errors():
     with pytest.raises(ValueError, match="max_norm"):
         nn.utils.clip_grad_norm_([w], -1.0)
     assert float(nn.utils.clip_grad_norm_([nn.Parameter(ct.zeros(2))], 1.0)) == 0.0
+
+
+def test_clip_grad_norm_across_placements(world4):
+    # pipeline stages: parameters on different sub-meshes, one global norm
+    first = ct.placement("cpu", [0, 1])
+    second = ct.placement("cpu", [[2], [3]])
+    w = nn.Parameter(ct.tensor(W0, placement=first, sbp=S(0)))
+    b = nn.Parameter(ct.tensor(B0, placement=second, sbp=(S(0), B)))
+    set_grads([w, b], GRADS[0])
+    total = np.sqrt((GRADS[0][0] ** 2).sum() + (GRADS[0][1] ** 2).sum())
+    norm = nn.utils.clip_grad_norm_([w, b], max_norm=0.5)
+    np.testing.assert_allclose(float(norm), total, rtol=1e-12)
+    np.testing.assert_allclose(b.grad.numpy(), GRADS[0][1] * 0.5 / (total + 1e-6), rtol=1e-12)
+    assert b.grad.placement == second and b.grad.sbp == (S(0), B)
