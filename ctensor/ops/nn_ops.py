@@ -30,8 +30,11 @@ Signatures (1-D):
  embedding_grad    B,B,B->B; S(d),S(d),B->P; B,S(last),S(1)->S(1); B,B,S(0)->S(0); B,P,B->P
  pick              B,B->B; S(d),S(d)->S(d) (d not last); S(last),B->P; P,B->P
  pick_grad         B,B,B->B; S(d),S(d),S(d)->S(d); B,B,S(last)->S(last); P,B,B->P
- causal_fill       B->B; S(d)->S(d) for every dim d
- softmax (fused)   B->B; S(e)->S(e) for e != dim (a split along dim uses the composite)
+ causal_fill       B->B; S(d)->S(d) for every dim d; P->P when the fill value is 0
+ softmax (fused)   B->B; S(e)->S(e) for e != dim (a split along dim uses the composite);
+                   its grad also P,B->P (linear in the incoming grad)
+ layer_norm        B->B; S(e)->S(e) for e before the normalised dims; grad also P,B->P
+ cross entropy     B,B->B; S(d),S(d)->S(d) for target dims d; grad also P,B,B->P
 ================= ========================================================================
 """
 from __future__ import annotations
@@ -262,8 +265,9 @@ def _causal_kernel(xp, x, value, diagonal, ctx):
 
 
 op("causal_fill", meta=_causal_meta, needs_ctx=True,
-   signatures=lambda layouts, **_: [sig([B], B)] + [sig([S(d)], S(d))
-                                                   for d in range(layouts[0].ndim)],
+   signatures=lambda layouts, value, **_: (
+       [sig([B], B)] + [sig([S(d)], S(d)) for d in range(layouts[0].ndim)]
+       + ([sig([P], P)] if value == 0.0 else [])),  # filling zeros is linear
    backward=lambda ctx, g: (apply("causal_fill", [g], value=0.0,
                                   diagonal=ctx.attrs["diagonal"]),))(_causal_kernel)
 
@@ -297,8 +301,11 @@ def _softmax_grad_kernel(xp, g, y, dim, log):
 
 def _rowwise_signatures(layouts, dim, **_):
     n = len(layouts)
-    return [sig([B] * n, B)] + [sig([S(e)] * n, S(e))
-                                for e in range(layouts[0].ndim) if e != dim]
+    cands = [sig([B] * n, B)] + [sig([S(e)] * n, S(e))
+                                 for e in range(layouts[0].ndim) if e != dim]
+    if n == 2:  # the grad kernels (g, y) are linear in g
+        cands.append(sig([P, B], P))
+    return cands
 
 
 def _float_meta(opname):
@@ -395,8 +402,11 @@ def _layer_norm_grad_kernel(xp, g, x, ndims, eps):
 
 def _leading_signatures(layouts, ndims, **_):
     n = len(layouts)
-    return [sig([B] * n, B)] + [sig([S(e)] * n, S(e))
-                                for e in range(layouts[0].ndim - ndims)]
+    cands = [sig([B] * n, B)] + [sig([S(e)] * n, S(e))
+                                 for e in range(layouts[0].ndim - ndims)]
+    if n == 2:  # the grad kernel (g, x) is linear in g
+        cands.append(sig([P, B], P))
+    return cands
 
 
 op("layer_norm_grad", meta=_float_meta("layer_norm_grad"), signatures=_leading_signatures)(

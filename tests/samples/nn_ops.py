@@ -92,6 +92,13 @@ def _ce_grad_ref(g, logits, target):
     return (p - onehot) * np.where(valid, g, 0.0)[..., None]
 
 
+def _layer_norm_grad_ref(g, x):
+    xc = x - x.mean(-1, keepdims=True)
+    rstd = 1 / np.sqrt((xc * xc).mean(-1, keepdims=True) + 1e-5)
+    xhat = xc * rstd
+    return rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
+
+
 def _ce(logits, target):
     return ct.softmax_cross_entropy(logits, target, ignore_index=-1)
 
@@ -134,13 +141,18 @@ SAMPLES = [
            lambda g, x, t: apply("softmax_cross_entropy_grad", [g, x, t], ignore_index=-1),
            _ce_grad_ref, [(4,), (4, 5), (4,)], uneven=[(7,), (7, 5), (7,)],
            make=_ce_grad_inputs, grad=()),
+    Sample("causal_fill", lambda x: ct.causal_fill(x, 0.0), _causal_ref(0.0, 0), [(4, 4)],
+           uneven=[(7, 7)], name="causal_fill_zero"),
+    Sample("softmax_grad", lambda g, y: apply("softmax_grad", [g, y], dim=1, log=False),
+           lambda g, y: y * (g - (g * y).sum(1, keepdims=True)), [(4, 3), (4, 3)],
+           grad=()),
+    Sample("softmax_grad", lambda g, y: apply("softmax_grad", [g, y], dim=0, log=True),
+           lambda g, y: g - np.exp(y) * g.sum(0, keepdims=True), [(4, 3), (4, 3)],
+           grad=(), name="log_softmax_grad"),
+    Sample("layer_norm_grad", lambda g, x: apply("layer_norm_grad", [g, x], ndims=1, eps=1e-5),
+           _layer_norm_grad_ref, [(4, 3), (4, 3)], grad=(), rtol=1e-6, atol=1e-8),
     Sample("pick", lambda x, i: ct.pick(x, i, ignore_index=-1), _pick_ref, [(4, 5), (4,)],
            uneven=[(7, 5), (7,)], make=_ids_second, name="pick_ignore_index"),
 ]
 
-COVERED_ELSEWHERE = {
-    "layer_norm_grad": "internal: the backward kernel of the fused layer_norm, checked by "
-                       "its gradient tests",
-    "softmax_grad": "internal: the backward kernel of the fused softmax/log_softmax, checked "
-                    "by their gradient tests",
-}
+COVERED_ELSEWHERE = {}
