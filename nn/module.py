@@ -194,6 +194,7 @@ class Module:
         self._buffers[name] = tensor
 
     def add_module(self, name: str, module: "Module") -> None:
+        """Register ``module`` as the child ``name`` (same as assigning the attribute)."""
         if not isinstance(module, Module):
             raise TypeError(f"add_module: argument 'module' must be an nn.Module, got "
                             f"{type(module).__name__}")
@@ -201,6 +202,7 @@ class Module:
 
     # ----------------------------------------------------------------- traversal
     def forward(self, *args, **kwargs):
+        """The computation; subclasses define it and callers use ``module(...)``."""
         raise TypeError(f"{type(self).__name__}: subclasses of nn.Module must define "
                         f"forward()")
 
@@ -212,6 +214,7 @@ class Module:
         yield from self._modules.values()
 
     def named_children(self) -> Iterator[tuple]:
+        """``(name, module)`` for the direct sub-modules."""
         yield from self._modules.items()
 
     def named_modules(self, prefix: str = "") -> Iterator[tuple]:
@@ -228,6 +231,7 @@ class Module:
             stack.extend(reversed(kids))
 
     def modules(self) -> Iterator["Module"]:
+        """This module and every descendant, each once."""
         for _, m in self.named_modules():
             yield m
 
@@ -249,12 +253,14 @@ class Module:
             yield p
 
     def named_buffers(self, prefix: str = "") -> Iterator[tuple]:
+        """``(dotted name, tensor)`` for every registered buffer."""
         for mname, mod in self.named_modules(prefix):
             for bname, b in mod._buffers.items():
                 if b is not None:
                     yield (f"{mname}.{bname}" if mname else bname), b
 
     def buffers(self) -> Iterator[ct.Tensor]:
+        """Every registered buffer."""
         for _, b in self.named_buffers():
             yield b
 
@@ -278,6 +284,7 @@ class Module:
                 p.grad.zero_()
 
     def requires_grad_(self, requires_grad: bool = True) -> "Module":
+        """Turn gradient tracking of every parameter on or off (freezing)."""
         for p in self.parameters():
             p.requires_grad_(requires_grad)
         return self
@@ -293,9 +300,11 @@ class Module:
         return self
 
     def double(self) -> "Module":
+        """Cast to float64 in place."""
         return self.to(np.float64)
 
     def float(self) -> "Module":
+        """Cast to float32 in place."""
         return self.to(np.float32)
 
     # ----------------------------------------------------------------- layout
@@ -394,6 +403,7 @@ class Module:
 
     # ----------------------------------------------------------------- printing
     def extra_repr(self) -> str:
+        """The text inside this module's parentheses in ``repr`` (subclasses override)."""
         return ""
 
     def __repr__(self) -> str:

@@ -60,6 +60,7 @@ class LRScheduler:
                 if k != "optimizer" and not callable(v) and k != "lr_lambdas"}
 
     def load_state_dict(self, state_dict: dict) -> None:
+        """Restore what :meth:`state_dict` returned and set the groups' ``lr``."""
         self.__dict__.update(state_dict)
         for g, lr in zip(self.optimizer.param_groups, self._last_lr):
             g["lr"] = lr
