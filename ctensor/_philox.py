@@ -141,9 +141,10 @@ def _horner(x: np.ndarray, coefs: tuple) -> np.ndarray:
 
 
 def box_muller(N: np.ndarray, V: np.ndarray, bits: int, series: dict):
-    """Two standard normals per pair: ``N`` (int64, 1..2^bits) and ``V`` (int64, below 2^bits).
-
-    Returns ``(zc, zs)`` float64; see the module doc for the exact sequence of operations.
+    """Two standard normals per pair, from ``N`` (int64, in 1..2^bits) and ``V`` (int64,
+    below 2^bits; overwritten). Returns float64 ``(cos t, sin t, r)``: the normals are
+    ``cos t * r`` and ``sin t * r``, the last product left to the caller so that it can
+    write (and round) straight into the output. The exact operations are in the module doc.
     """
     m, e = np.frexp(N.astype(np.float64))
     small = m < _SQRT_HALF
@@ -159,18 +160,17 @@ def box_muller(N: np.ndarray, V: np.ndarray, bits: int, series: dict):
     p *= -2.0
     r = np.sqrt(p, out=p)
     half = bits - 1
-    k = V >> half
+    # the half turn k = V >> half is the sign of r: r * (1 - 2k) flips the sign bit
+    sign = V >> half
+    sign <<= 63
+    r.view(np.int64)[...] ^= sign
     V &= (1 << half) - 1
     V -= 1 << (half - 1)
     t = V * (math.pi * 2.0 ** -half)           # t in [-pi/2, pi/2)
-    r *= k * -2.0 + 1.0                        # the half turn k as a sign
     t2 = t * t
     sin = _horner(t2, series["sin"])
     sin *= t
-    cos = _horner(t2, series["cos"])
-    cos *= r
-    sin *= r
-    return cos, sin
+    return _horner(t2, series["cos"]), sin, r
 
 
 # ------------------------------------------------------------------------------ words -> values
@@ -182,6 +182,14 @@ def _join53(hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
     return hi.view(np.int64)
 
 
+def _store(out: np.ndarray, a: np.ndarray, b) -> None:
+    """``out[...] = a * b`` rounded once to ``out``'s dtype (float16 through float32)."""
+    if out.dtype.itemsize == 2:
+        out[...] = np.multiply(a, b).astype(np.float32)
+    else:
+        np.multiply(a, b, out=out, casting="unsafe")
+
+
 def fill_blocks(out: np.ndarray, A: np.ndarray, B: np.ndarray, kind: int, low: int = 0,
                 span: int = 0) -> None:
     """Write the ``(n, E)`` values of ``n`` blocks (words ``A``, ``B`` of :func:`philox4x32`)
@@ -190,41 +198,35 @@ def fill_blocks(out: np.ndarray, A: np.ndarray, B: np.ndarray, kind: int, low: i
     ``low``/``span`` are the integer kind's range: ``low + (v mod span)`` (``span`` 0: 2^64).
     """
     dtype = out.dtype
-    n = out.shape[0]
     if kind == Kind.INTEGER:
         A <<= _SHIFT32
         A |= B                                 # v = x_{2j} * 2^32 + x_{2j+1}
         if span:
             A %= np.uint64(span)
         A += np.uint64(low % (1 << 64))        # wraps like the two's-complement sum
-        vals = A.view(np.int64) if dtype.kind == "i" else A
-        out.T[...] = vals.astype(dtype, copy=False)
-        return
-    if dtype.itemsize == 8:
+        out.T[...] = (A.view(np.int64) if dtype.kind == "i" else A).astype(dtype, copy=False)
+    elif dtype.itemsize == 8:                  # element 2b + j from x_{2j}, x_{2j+1}
         if kind == Kind.UNIFORM:
             np.multiply(_join53(A, B), 2.0 ** -53, out=out.T)
         else:
             N = _join53(A[0], B[0])
             N += 1
-            out[:, 0], out[:, 1] = box_muller(N, _join53(A[1], B[1]), 53, _SERIES[8])
-        return
-    # four elements per block, in the order x0 x1 x2 x3 = A[0] B[0] A[1] B[1]
-    quad = out.reshape(n, 2, 2)
-    if kind == Kind.UNIFORM:
-        shift, scale = (8, 2.0 ** -24) if dtype.itemsize == 4 else (21, 2.0 ** -11)
-        for words, h in ((A, 0), (B, 1)):
-            words >>= np.uint64(shift)
-            np.multiply(words.view(np.int64), scale, out=quad[:, :, h].T, casting="unsafe")
-        return
-    N = A.view(np.int64)
-    N += 1
-    cos, sin = box_muller(N, B.view(np.int64), 32, _SERIES[4])
-    if dtype.itemsize == 4:
-        quad[:, :, 0].T[...] = cos
-        quad[:, :, 1].T[...] = sin
-    else:  # float16: through float32, as the CUDA kernel does
-        quad[:, :, 0].T[...] = cos.astype(np.float32)
-        quad[:, :, 1].T[...] = sin.astype(np.float32)
+            cos, sin, r = box_muller(N, _join53(A[1], B[1]), 53, _SERIES[8])
+            np.multiply(cos, r, out=out[:, 0])
+            np.multiply(sin, r, out=out[:, 1])
+    else:  # element 4b + 2p + h; rows p of A, B are x_{2p}, x_{2p+1}
+        quad = out.reshape(out.shape[0], 2, 2)
+        if kind == Kind.UNIFORM:
+            shift, scale = (8, 2.0 ** -24) if dtype.itemsize == 4 else (21, 2.0 ** -11)
+            for h, words in enumerate((A, B)):
+                words >>= np.uint64(shift)
+                _store(quad[:, :, h].T, words.view(np.int64).astype(np.float64), scale)
+        else:
+            N = A.view(np.int64)
+            N += 1
+            cos, sin, r = box_muller(N, B.view(np.int64), 32, _SERIES[4])
+            _store(quad[:, :, 0].T, cos, r)
+            _store(quad[:, :, 1].T, sin, r)
 
 
 # ------------------------------------------------------------------------------ CUDA

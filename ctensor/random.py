@@ -233,9 +233,9 @@ def randint(low, high=None, size=None, placement=None, sbp=None, dtype=None,
     """
     fn = "randint"
     if size is None:
-        if not isinstance(high, (tuple, list, int, np.integer)) or isinstance(high, bool):
-            raise TypeError(f"{fn}: argument 'size' is missing (randint(low, high, size) or "
-                            f"randint(high, size)), got high={high!r}")
+        if not isinstance(high, (tuple, list)):
+            raise TypeError(f"{fn}: argument 'size' is missing; call randint(low, high, size) "
+                            f"or randint(high, size) with size a tuple, got high={high!r}")
         low, high, size = 0, low, high
     low = _check_uint64(fn, "low", low)
     high = _check_uint64(fn, "high", high)
