@@ -25,7 +25,10 @@ def _mpiexec() -> str:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("nprocs", [2, 4])
 def test_suite_under_mpiexec(nprocs):
-    env = dict(os.environ, PYTHONUNBUFFERED="1", CTENSOR_TIMEOUT="120")
+    # one BLAS thread per rank: several ranks share the cores, and oversubscribed BLAS
+    # threads slow everything down
+    env = dict(os.environ, PYTHONUNBUFFERED="1", CTENSOR_TIMEOUT="120", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1")
     cmd = [_mpiexec(), "-n", str(nprocs), sys.executable, "-m", "pytest", str(ROOT / "tests"),
            "-x", "--timeout=180", "-W", "ignore"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=840)
