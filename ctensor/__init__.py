@@ -18,6 +18,7 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
 from .random import manual_seed, rand, randn, randint, rand_like, randn_like
 from . import ops as _ops  # noqa: F401  (registers every op)
 from . import autograd, debug
+from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
 from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
 from .errors import DivergenceError, CommTimeoutError

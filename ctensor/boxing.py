@@ -265,9 +265,10 @@ class _Exchange(_Step):
     def run(self, comm, shards):
         sends = {m: shards[m.src][_slices(piece, self.before.box(m.src))]
                  for m, piece in self.messages if m.src in shards}
-        for m in list(sends):
-            if array_module(sends[m]) is not np and m.src != m.dst:
-                sends[m] = sends[m].get()  # host-staged when crossing processes
+        for m in list(sends):  # a host communicator needs host arrays across processes
+            if m.dst not in comm.held_ranks and not getattr(comm, "device_arrays", False) \
+                    and array_module(sends[m]) is not np:
+                sends[m] = sends[m].get()
         received = comm.exchange([m for m, _ in self.messages], sends)
         out = {}
         device, dtype = self.after.placement.device, self.after.dtype
@@ -393,7 +394,7 @@ def box(shards: dict, src: Layout, dst: Layout) -> dict:
     """Run the plan from ``src`` to ``dst`` on this process's ``{rank: array}`` shards."""
     if src == dst:
         return shards
-    comm = world().comm
+    comm = world().comm_for(src.placement.device, dst.placement.device)
     for step in plan(src, dst):
         shards = step.run(comm, shards)
     return shards

@@ -41,6 +41,25 @@ class World:
         self.comm = comm
         self.size = comm.size
         self.held_ranks = comm.held_ranks
+        self._cuda_comm: Optional[Communicator] = None
+
+    # --- GPU backend (issue 6): the communicator for each device kind
+    def comm_for(self, *devices: str) -> Communicator:
+        """The communicator for arrays on ``devices`` (``"cpu"``/``"cuda"``).
+
+        ``cuda`` only when every device given is ``cuda``; a move between ``cpu`` and
+        ``cuda`` goes through the host communicator. In one process (simulation, single
+        rank) it is :attr:`comm`, which computes with the arrays' own module (CuPy for
+        ``cuda``). Under MPI, ``cuda`` gets NCCL when every rank has a GPU of its own, else
+        the host-staged MPI path (chosen on the first call, collectively, and reported once).
+        """
+        if not devices or any(d != "cuda" for d in devices) \
+                or isinstance(self.comm, SimulatedCommunicator):
+            return self.comm
+        if self._cuda_comm is None:
+            from .comm.nccl import cuda_communicator
+            self._cuda_comm = cuda_communicator(self.comm)
+        return self._cuda_comm
 
     def __repr__(self) -> str:
         return f"World(mode={self.mode.value}, size={self.size}, held={list(self.held_ranks)})"
@@ -152,6 +171,6 @@ def array_module(arr_or_device):
     else:
         device = "cuda" if type(arr_or_device).__module__.startswith("cupy") else "cpu"
     if device == "cuda":
-        import cupy
-        return cupy
+        from . import cuda  # CuPy on this rank's GPU, or a RuntimeError saying what to install
+        return cuda.module()
     return np

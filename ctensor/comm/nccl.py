@@ -1,0 +1,558 @@
+"""NCCL backend: one process per rank, CuPy buffers, ``cupy.cuda.nccl`` collectives.
+
+* One ``NcclCommunicator`` per group of ranks (a mesh-axis group, or the ranks of a
+  cross-placement exchange), created lazily and cached: the group's first rank makes the
+  unique id and sends it to the other members point-to-point over MPI (no MPI
+  sub-communicator needed, and a member that never comes gives a timeout, not a hang);
+  destroyed at interpreter exit.
+* Collectives are enqueued on the current CuPy stream and never synchronise the host;
+  results are ordered before any later work on that stream.
+* NCCL has no ``v`` collectives: uneven all-gather and all-to-all use grouped send/recv
+  (``groupStart``/``groupEnd``, exact bytes), uneven reduce-scatter pads every part to the
+  largest one. Results equal the MPI backend's. Non-reducing collectives move bytes, so
+  every dtype works; reductions map dtypes NCCL lacks (:func:`reduction_plan`).
+* Small metadata (``all_gather_object``) and barriers go through the host MPI communicator.
+
+The planning functions at the top are pure (NumPy-free shapes and offsets) and are tested on
+CPU; the communicator itself takes its ``nccl`` and array modules as arguments so its
+algorithms can be run on CPU with a fake NCCL (``tests/test_gpu.py``). The real CuPy/NCCL
+path runs only where a GPU is available (``benchmarks/gpu_check.py``).
+"""
+from __future__ import annotations
+
+import atexit
+import enum
+import pickle
+import time
+import warnings
+import weakref
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from ..errors import CommTimeoutError, DivergenceError
+from ..sbp import ReduceOp
+from .base import Communicator, Group, Message, Shards, contiguous
+
+__all__ = ["NCCLCommunicator", "cuda_communicator", "node_layout", "gather_plan", "pad_plan",
+           "all_to_all_plan", "exchange_plan", "reduction_plan", "nccl_refusal", "ReducePlan",
+           "Staging", "ID_TAG"]
+
+#: reserved MPI tag of the unique-id messages on the world communicator (boxing's exchanges
+#: use small tags; the watchdog reserves 32760..32763)
+ID_TAG = 32750
+#: fixed size of a unique-id message: 8-byte length, then the pickled (group, id)
+_ID_BYTES = 2048
+
+_NCCL_DTYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32",
+                "uint32": "NCCL_UINT32", "int64": "NCCL_INT64", "uint64": "NCCL_UINT64",
+                "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
+                "float64": "NCCL_FLOAT64"}
+_NCCL_OPS = {ReduceOp.SUM: "NCCL_SUM", ReduceOp.MAX: "NCCL_MAX", ReduceOp.MIN: "NCCL_MIN"}
+# dtypes NCCL cannot reduce, widened exactly (a 16-bit sum wraps the same after casting back)
+_WIDEN = {"int16": np.dtype(np.int32), "uint16": np.dtype(np.uint32)}
+
+
+# ----------------------------------------------------------------------------- planning
+class Staging(enum.Enum):
+    """How an array is handed to an NCCL reduction."""
+
+    NATIVE = "native"  # as it is
+    VIEW = "view"      # reinterpreted (bool as uint8, complex as pairs of floats)
+    CAST = "cast"      # widened copy, cast back after (int16, uint16)
+
+
+@dataclass(frozen=True)
+class ReducePlan:
+    staging: Staging
+    work: np.dtype
+    op: ReduceOp
+
+
+def reduction_plan(dtype, op: ReduceOp) -> ReducePlan:
+    """How to reduce ``dtype`` with ``op`` in NCCL, with the MPI backend's results.
+
+    Bools reduce logically like MPI's LOR/LAND: as uint8 0/1 values, sum and max are 'or'
+    (max), min is 'and' (min). Complex sums add real and imaginary parts as floats.
+    """
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return ReducePlan(Staging.VIEW, np.dtype(np.uint8),
+                          ReduceOp.MIN if op is ReduceOp.MIN else ReduceOp.MAX)
+    if dtype.name in _NCCL_DTYPES:
+        return ReducePlan(Staging.NATIVE, dtype, op)
+    if dtype.name in _WIDEN:
+        return ReducePlan(Staging.CAST, _WIDEN[dtype.name], op)
+    if dtype.kind == "c" and op is ReduceOp.SUM:
+        return ReducePlan(Staging.VIEW, np.dtype(f"f{dtype.itemsize // 2}"), op)
+    raise TypeError(f"NCCL reduction: dtype {dtype} cannot be reduced with {op.value!r}; "
+                    f"accepted: bool, (u)int8/16/32/64, float16/32/64 (and complex for sum); "
+                    f"cast the tensor with .to(dtype) first")
+
+
+def gather_plan(sizes: Sequence[int], row_bytes: int) -> list:
+    """``(offset, nbytes)`` of each member's part in the gathered buffer (parts along dim 0
+    of rows of ``row_bytes``, in group order)."""
+    out, offset = [], 0
+    for n in sizes:
+        out.append((offset, int(n) * row_bytes))
+        offset += int(n) * row_bytes
+    return out
+
+
+def pad_plan(sizes: Sequence[int]) -> tuple:
+    """``(width, starts)`` for an uneven reduce-scatter by padding: every part is padded to
+    ``width = max(sizes)`` rows; part ``i`` (rows ``starts[i]..starts[i]+sizes[i]`` of the
+    input) goes to rows ``i*width..`` of the padded buffer, and member ``i`` keeps the first
+    ``sizes[i]`` rows of what it receives."""
+    width = max((int(n) for n in sizes), default=0)
+    starts, total = [], 0
+    for n in sizes:
+        starts.append(total)
+        total += int(n)
+    return width, starts
+
+
+def all_to_all_plan(shape: Sequence[int], split_dim: int, split_sizes: Sequence[int],
+                    concat_dim: int, concat_sizes: Sequence[int], me: int) -> tuple:
+    """``(send_shapes, recv_shapes)``: the part member ``me`` sends to each member (its
+    array cut along ``split_dim``) and the part it receives from each (``split_dim`` of
+    ``me``'s size, ``concat_dim`` of the sender's)."""
+    send_shapes, recv_shapes = [], []
+    for n in split_sizes:
+        s = list(shape)
+        s[split_dim] = int(n)
+        send_shapes.append(tuple(s))
+    for n in concat_sizes:
+        s = list(shape)
+        s[split_dim] = int(split_sizes[me])
+        s[concat_dim] = int(n)
+        recv_shapes.append(tuple(s))
+    return send_shapes, recv_shapes
+
+
+def exchange_plan(messages: Sequence[Message], rank: int) -> tuple:
+    """``(members, transfers)`` of a point-to-point exchange for ``rank``: the ranks that
+    move data between processes, and this rank's ``("send" | "recv", message)`` transfers
+    in message order. NCCL matches transfers between one pair in the order they are posted,
+    and every rank derives the same order from the same message list."""
+    cross = [m for m in messages if m.src != m.dst]
+    members = tuple(sorted({r for m in cross for r in (m.src, m.dst)}))
+    transfers = []
+    for m in cross:
+        if m.src == rank:
+            transfers.append(("send", m))
+        elif m.dst == rank:
+            transfers.append(("recv", m))
+    return members, transfers
+
+
+def nccl_refusal(everyone: Sequence[tuple]) -> Optional[str]:
+    """Why NCCL cannot serve these ranks (``None`` when it can). ``everyone[r]`` is rank
+    ``r``'s ``(node name, GPU bus id, NCCL loadable)``; NCCL refuses two ranks of one
+    communicator on the same GPU."""
+    missing = [r for r, (_, _, ok) in enumerate(everyone) if not ok]
+    if missing:
+        return (f"NCCL is not loadable on ranks {missing} (pip install nvidia-nccl-cu12, or "
+                f"pip install -e '.[gpu]')")
+    seen: dict = {}
+    for r, (node, bus, _) in enumerate(everyone):
+        seen.setdefault((node, bus), []).append(r)
+    shared = [ranks for ranks in seen.values() if len(ranks) > 1]
+    if shared:
+        return (f"ranks {shared[0]} share one GPU ({len(seen)} GPU(s) for {len(everyone)} "
+                f"ranks); NCCL needs one GPU per rank")
+    return None
+
+
+# ----------------------------------------------------------------------------- MPI side
+def node_layout(world) -> tuple:
+    """``(local_rank, local_size)``: this process among those of its node (collective over
+    ``world``: an MPI shared-memory split)."""
+    from mpi4py import MPI
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def _wait(MPI, requests: list, what: str, peers: Sequence[int]) -> None:
+    """Complete ``requests``, raising :class:`CommTimeoutError` after ``CTENSOR_TIMEOUT``."""
+    from .watchdog import env_timeout
+    timeout = env_timeout()
+    deadline, delay = time.monotonic() + timeout, 1e-5
+    while not MPI.Request.Testall(requests):
+        if time.monotonic() > deadline:
+            raise CommTimeoutError(f"NCCLCommunicator: waited {timeout:g} s for {what} with "
+                                   f"ranks {list(peers)}; they never reached the same "
+                                   f"collective (set CTENSOR_DEBUG=1 to compare what each "
+                                   f"rank runs)")
+        time.sleep(delay)
+        delay = min(2 * delay, 2e-3)
+
+
+def _share_unique_id(host, group: Group, make: Callable) -> Any:
+    """The group's first rank makes the NCCL unique id and sends it to the other members."""
+    from mpi4py import MPI
+    world, rank = host.world, host.held_ranks[0]
+    buf = np.zeros(_ID_BYTES, dtype=np.uint8)
+    if rank == group[0]:
+        uid = make()
+        data = np.frombuffer(pickle.dumps((tuple(group), uid)), dtype=np.uint8)
+        buf[:8] = np.frombuffer(np.int64(data.size).tobytes(), dtype=np.uint8)
+        buf[8:8 + data.size] = data
+        requests = [world.Isend([buf, MPI.BYTE], dest=r, tag=ID_TAG) for r in group[1:]]
+        _wait(MPI, requests, f"sending the NCCL id of group {list(group)}", group[1:])
+        return uid
+    _wait(MPI, [world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)],
+          f"the NCCL id of group {list(group)}", group[:1])
+    n = int(buf[:8].view(np.int64)[0])
+    sent_group, uid = pickle.loads(buf[8:8 + n].tobytes())
+    if tuple(sent_group) != tuple(group):
+        raise DivergenceError(f"NCCLCommunicator: rank {rank} set up NCCL group {list(group)} "
+                              f"while rank {group[0]} set up {list(sent_group)}; the ranks run "
+                              f"different collectives")
+    return uid
+
+
+# ----------------------------------------------------------------------------- helpers
+def _ptr(arr) -> int:
+    """Device (CuPy) or host (NumPy, for the CPU fake) address of an array's first byte."""
+    data = arr.data
+    return data.ptr if hasattr(data, "ptr") else arr.ctypes.data
+
+
+def _bytes(arr):
+    """Flat contiguous uint8 view of an array (a copy only if it is not C-contiguous)."""
+    return contiguous(arr).reshape(-1).view(np.uint8)
+
+
+def _to_work(arr, plan: ReducePlan):
+    flat = contiguous(arr).reshape(-1)
+    if plan.staging is Staging.VIEW:
+        return flat.view(plan.work)
+    if plan.staging is Staging.CAST:
+        return flat.astype(plan.work)
+    return flat
+
+
+def _from_work(flat, plan: ReducePlan, dtype):
+    if plan.staging is Staging.VIEW:
+        return flat.view(dtype)
+    if plan.staging is Staging.CAST:
+        return flat.astype(dtype)
+    return flat
+
+
+@contextmanager
+def _grouped(lib):
+    """NCCL group: the transfers posted inside start together at the end (no deadlock
+    between a rank's sends and receives)."""
+    lib.groupStart()
+    try:
+        yield
+    finally:
+        lib.groupEnd()
+
+
+_live: "weakref.WeakSet" = weakref.WeakSet()
+_atexit_registered = False
+
+
+def _destroy_all() -> None:
+    """atexit: destroy every NCCL communicator (before mpi4py finalises MPI)."""
+    for comm in list(_live):
+        comm.close()
+
+
+# ----------------------------------------------------------------------------- backend
+class NCCLCommunicator(Communicator):
+    """Collectives on CuPy arrays through NCCL, one process per rank.
+
+    ``host`` is the process's MPI communicator (:class:`~ctensor.comm.mpi.MPICommunicator`):
+    it gives the world, sends the unique ids and carries metadata. ``nccl``, ``xp`` and
+    ``stream`` default to ``cupy.cuda.nccl``, CuPy and the current CuPy stream; ``share_id``
+    defaults to the MPI point-to-point id exchange. Groups of one member are plain device
+    copies unless ``single_rank_copies=False`` (then they go through NCCL too, which is how
+    ``benchmarks/gpu_check.py`` exercises NCCL on one GPU).
+    """
+
+    backend_name = "nccl"
+    #: exchange() takes device arrays as they are (boxing need not stage them on the host)
+    device_arrays = True
+
+    def __init__(self, host, *, nccl=None, xp=None, stream: Optional[Callable] = None,
+                 share_id: Optional[Callable] = None, single_rank_copies: bool = True):
+        global _atexit_registered
+        self._host = host
+        self.size = host.size
+        self.held_ranks = tuple(host.held_ranks)
+        self.rank = self.held_ranks[0]
+        self._nccl, self._xp, self._stream = nccl, xp, stream
+        self._share_id = share_id or (lambda group, make: _share_unique_id(host, group, make))
+        self._single = single_rank_copies
+        self._comms: dict = {}
+        _live.add(self)
+        if not _atexit_registered:
+            atexit.register(_destroy_all)
+            _atexit_registered = True
+
+    @property
+    def check_consistency(self) -> bool:
+        """Debug mode of the host communicator: fingerprints compared before collectives."""
+        return bool(getattr(self._host, "check_consistency", False))
+
+    @check_consistency.setter
+    def check_consistency(self, enabled: bool) -> None:
+        self._host.check_consistency = bool(enabled)
+
+    # ------------------------------------------------------------------ plumbing
+    def _lib(self):
+        if self._nccl is None:
+            from cupy.cuda import nccl
+            if not getattr(nccl, "available", False):
+                raise RuntimeError("NCCLCommunicator: cupy.cuda.nccl finds no NCCL library; "
+                                   "pip install nvidia-nccl-cu12 (or pip install -e '.[gpu]')")
+            self._nccl = nccl
+        return self._nccl
+
+    def _array_module(self):
+        if self._xp is None:
+            from .. import cuda
+            self._xp = cuda.module()
+        return self._xp
+
+    def _stream_ptr(self) -> int:
+        if self._stream is not None:
+            return self._stream()
+        return self._array_module().cuda.get_current_stream().ptr
+
+    def _comm(self, group: Group):
+        """The NCCL communicator of ``group`` (its rank i is ``group[i]``); cached."""
+        comm = self._comms.get(group)
+        if comm is None:
+            lib = self._lib()
+            uid = self._share_id(group, lib.get_unique_id)
+            comm = lib.NcclCommunicator(len(group), uid, group.index(self.rank))
+            self._comms[group] = comm
+        return comm
+
+    def _dtype(self, dtype) -> int:
+        return getattr(self._lib(), _NCCL_DTYPES[np.dtype(dtype).name])
+
+    def _op(self, op: ReduceOp) -> int:
+        return getattr(self._lib(), _NCCL_OPS[op])
+
+    def _mine(self, group: Group, bufs: Shards):
+        if self.rank not in group:
+            raise RuntimeError(f"NCCL collective over group {group} called on rank "
+                               f"{self.rank}, which is not a member")
+        return self._array_module().asarray(bufs[self.rank])
+
+    def _local(self, group: Group) -> bool:
+        return len(group) == 1 and self._single
+
+    def _check(self, collective: str, group: Group, buf, args: tuple = (),
+               same_shape: bool = False) -> None:
+        """Debug mode: every member compares what it is about to run (through MPI)."""
+        if not self.check_consistency or len(group) == 1:
+            return
+        key = (collective, str(buf.dtype), args, tuple(buf.shape) if same_shape else ())
+        keys = self._host.all_gather_object(group, {self.rank: key})[self.rank]
+        if any(k != keys[0] for k in keys):
+            listing = "; ".join(f"rank {r}: {k}" for r, k in zip(group, keys))
+            raise DivergenceError(f"NCCL {collective} on ranks {list(group)}: the ranks "
+                                  f"disagree ({listing})")
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, group, bufs, op):
+        xp = self._array_module()
+        buf = contiguous(self._mine(group, bufs))
+        if self._local(group) or buf.size == 0:
+            return {self.rank: buf.copy()}
+        self._check("all_reduce", group, buf, (op.value,), same_shape=True)
+        plan = reduction_plan(buf.dtype, op)
+        send = _to_work(buf, plan)
+        out = xp.empty_like(send)
+        self._comm(group).allReduce(_ptr(send), _ptr(out), send.size, self._dtype(plan.work),
+                                    self._op(plan.op), self._stream_ptr())
+        return {self.rank: _from_work(out, plan, buf.dtype).reshape(buf.shape)}
+
+    def all_gather(self, group, bufs, dim, sizes):
+        xp = self._array_module()
+        buf = self._mine(group, bufs)
+        moved = xp.moveaxis(buf, dim, 0) if dim else buf
+        out = xp.empty((sum(sizes),) + tuple(moved.shape[1:]), dtype=buf.dtype)
+        if self._local(group):
+            out[...] = moved
+        else:
+            self._check("all_gather", group, buf, (dim, tuple(sizes)))
+            row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
+            send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
+            comm, stream, lib = self._comm(group), self._stream_ptr(), self._lib()
+            if len(set(sizes)) == 1:
+                if recv.size:
+                    comm.allGather(_ptr(send), _ptr(recv), send.size, lib.NCCL_UINT8, stream)
+            else:  # uneven: every member's exact part, point to point
+                me = group.index(self.rank)
+                parts = gather_plan(sizes, row)
+                offset, nbytes = parts[me]
+                recv[offset:offset + nbytes] = send
+                with _grouped(lib):
+                    for j, (offset, n) in enumerate(parts):
+                        if j == me:
+                            continue
+                        if nbytes:
+                            comm.send(_ptr(send), nbytes, lib.NCCL_UINT8, j, stream)
+                        if n:
+                            comm.recv(_ptr(recv) + offset, n, lib.NCCL_UINT8, j, stream)
+        return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim else out}
+
+    def reduce_scatter(self, group, bufs, op, dim, sizes):
+        xp = self._array_module()
+        buf = self._mine(group, bufs)
+        moved = contiguous(xp.moveaxis(buf, dim, 0) if dim else buf)
+        rest = tuple(moved.shape[1:])
+        me = group.index(self.rank)
+        if self._local(group):
+            out = moved.copy()
+        else:
+            self._check("reduce_scatter", group, buf, (op.value, dim, tuple(sizes)),
+                        same_shape=True)
+            width, starts = pad_plan(sizes)
+            if len(set(sizes)) == 1:
+                padded = moved
+            else:  # pad every part to the largest; the padding rows are dropped after
+                padded = xp.zeros((len(sizes) * width,) + rest, dtype=buf.dtype)
+                for i, (start, n) in enumerate(zip(starts, sizes)):
+                    padded[i * width:i * width + n] = moved[start:start + n]
+            plan = reduction_plan(buf.dtype, op)
+            send = _to_work(padded, plan)
+            recv = xp.empty(send.size // len(sizes), dtype=plan.work)
+            if recv.size:
+                self._comm(group).reduceScatter(_ptr(send), _ptr(recv), recv.size,
+                                                self._dtype(plan.work), self._op(plan.op),
+                                                self._stream_ptr())
+            out = _from_work(recv, plan, buf.dtype).reshape((width,) + rest)[:sizes[me]]
+        return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim else contiguous(out)}
+
+    def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
+        xp = self._array_module()
+        buf = self._mine(group, bufs)
+        if self._local(group):
+            return {self.rank: buf.copy()}
+        self._check("all_to_all", group, buf, (split_dim, tuple(split_sizes), concat_dim,
+                                               tuple(concat_sizes)))
+        me = group.index(self.rank)
+        send_shapes, recv_shapes = all_to_all_plan(buf.shape, split_dim, split_sizes,
+                                                   concat_dim, concat_sizes, me)
+        sends, start = [], 0
+        for n in split_sizes:  # part j, packed contiguously (free along dim 0)
+            idx = [slice(None)] * buf.ndim
+            idx[split_dim] = slice(start, start + n)
+            sends.append(_bytes(buf[tuple(idx)]))
+            start += n
+        itemsize = buf.dtype.itemsize
+        counts = [int(np.prod(s, dtype=np.int64)) * itemsize for s in recv_shapes]
+        parts = gather_plan(counts, 1)
+        recv = xp.empty(sum(counts), dtype=np.uint8)
+        offset, n = parts[me]
+        recv[offset:offset + n] = sends[me]
+        comm, stream, lib = self._comm(group), self._stream_ptr(), self._lib()
+        with _grouped(lib):
+            for j, (offset, n) in enumerate(parts):
+                if j == me:
+                    continue
+                if sends[j].size:
+                    comm.send(_ptr(sends[j]), sends[j].size, lib.NCCL_UINT8, j, stream)
+                if n:
+                    comm.recv(_ptr(recv) + offset, n, lib.NCCL_UINT8, j, stream)
+        if concat_dim == 0:  # received blocks already lie in final order
+            shape = list(recv_shapes[0])
+            shape[0] = sum(concat_sizes)
+            return {self.rank: recv.view(buf.dtype).reshape(shape)}
+        pieces = [recv[o:o + n].view(buf.dtype).reshape(s)
+                  for (o, n), s in zip(parts, recv_shapes)]
+        return {self.rank: xp.concatenate(pieces, axis=concat_dim)}
+
+    def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
+        xp = self._array_module()
+        received = {m: sends[m] for m in messages if m.src == m.dst == self.rank}
+        members, transfers = exchange_plan(messages, self.rank)
+        if self.rank not in members:
+            return received
+        comm, stream, lib = self._comm(members), self._stream_ptr(), self._lib()
+        keep = []
+        with _grouped(lib):
+            for kind, m in transfers:
+                peer = members.index(m.dst if kind == "send" else m.src)
+                if kind == "send":
+                    data = _bytes(xp.asarray(sends[m]))
+                    keep.append(data)  # alive until the group is enqueued
+                    if data.size:
+                        comm.send(_ptr(data), data.size, lib.NCCL_UINT8, peer, stream)
+                else:
+                    buf = xp.empty(m.shape, dtype=m.dtype)
+                    received[m] = buf
+                    if buf.nbytes:
+                        comm.recv(_ptr(buf), buf.nbytes, lib.NCCL_UINT8, peer, stream)
+        return received
+
+    def all_gather_object(self, group, objs):
+        return self._host.all_gather_object(group, objs)
+
+    def barrier(self) -> None:
+        self._host.barrier()
+
+    def close(self) -> None:
+        """Destroy this communicator's NCCL communicators (also done at exit)."""
+        comms, self._comms = list(self._comms.values()), {}
+        if comms and self._xp is not None and hasattr(self._xp, "cuda"):
+            try:  # let enqueued collectives finish before their communicator goes
+                self._xp.cuda.runtime.deviceSynchronize()
+            except Exception:
+                pass
+        for comm in comms:
+            try:
+                comm.destroy()
+            except Exception:
+                pass
+
+
+# ----------------------------------------------------------------------------- choice
+def _gpu_identity(cupy) -> tuple:
+    """``(node name, PCI bus id of the current GPU)``: where this rank's arrays live."""
+    from mpi4py import MPI
+    device = cupy.cuda.Device()
+    try:
+        bus = device.pci_bus_id
+    except Exception:
+        bus = f"device {device.id}"
+    return MPI.Get_processor_name(), bus
+
+
+def cuda_communicator(host) -> Communicator:
+    """The communicator for ``cuda`` placements in MPI mode (collective over the world).
+
+    NCCL when every rank can load it and has a GPU of its own; otherwise the host-staged
+    MPI path, reported once (on rank 0) with a ``RuntimeWarning`` giving the reason. Every
+    rank takes the same choice.
+    """
+    from .. import cuda
+    from .staged import StagedCommunicator
+    if host.size == 1:  # no NCCL communicator is ever needed
+        return NCCLCommunicator(host)
+    cupy = cuda.module()  # this rank's GPU is chosen before its identity is taken
+    me = _gpu_identity(cupy) + (cuda.nccl_available(),)
+    everyone = host.all_gather_object(tuple(range(host.size)), {host.rank: me})[host.rank]
+    reason = nccl_refusal(everyone)
+    if reason is None:
+        return NCCLCommunicator(host)
+    if host.rank == 0:
+        warnings.warn(f"ctensor: cuda placements communicate through the host-staged MPI "
+                      f"path (device -> host copy, MPI, host -> device copy) because "
+                      f"{reason}", RuntimeWarning, stacklevel=3)
+    return StagedCommunicator(host)
