@@ -1,0 +1,247 @@
+"""Train a byte-level GPT on Python's own documentation with data, tensor and pipeline
+parallelism — and no hand-written communication.
+
+    python examples/gpt/train.py                                   # one process
+    mpiexec -n 4 python examples/gpt/train.py --dp 2 --tp 2        # 2-D data x tensor
+    mpiexec -n 4 python examples/gpt/train.py --tp 2 --pp 2        # tensor x pipeline
+    python examples/gpt/train.py --simulate 4 --dp 2 --pp 2        # the same in one process
+
+The world is ``dp * tp * pp`` ranks. Pipeline stage ``s`` owns ranks
+``[s*dp*tp, (s+1)*dp*tp)`` as a ``(dp, tp)`` mesh; the stage's blocks are laid out with
+``nn.parallel`` rules (data parallel on mesh axis 0, Megatron tensor parallel on axis 1),
+activations move between stages with ``to_global`` and ``nn.pipeline`` runs the micro-batches
+(GPipe or 1F1B). Config names follow ``dxmxp_B_hxl``.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import ctensor as ct  # noqa: E402
+import ctensor.nn as nn  # noqa: E402
+import ctensor.nn.functional as F  # noqa: E402
+import ctensor.optim as optim  # noqa: E402
+from ctensor.nn.pipeline import Stage, pipeline_step  # noqa: E402
+from data import VOCAB_SIZE, Corpus  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
+    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=5, help="warm-up steps of the cosine schedule")
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=1.0, help="max grad norm (0: off)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--simulate", type=int, default=0,
+                   help="simulate this many ranks in one process (instead of mpiexec)")
+    p.add_argument("--log-json", help="write one JSON object per step to this file")
+    p.add_argument("--save", help="checkpoint directory written at the end")
+    p.add_argument("--load", help="checkpoint directory to start from")
+    p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def config_name(a) -> str:
+    return f"{a.dp}x{a.tp}x{a.pp}_{a.global_batch}_{a.hidden}x{a.layers}"
+
+
+def parameter_count(h: int, l: int, vocab: int, seq: int) -> int:
+    """P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)): blocks plus token and position
+    embeddings (head tied to the token embedding, final LayerNorm not counted)."""
+    return round(12 * l * h * h * (1 + 13 / (12 * h) + (vocab + seq) / (12 * l * h)))
+
+
+class StageModule(nn.Module):
+    """The part of a GPT one pipeline stage runs: embeddings on the first stage, the final
+    LayerNorm and the head on the last, and a run of blocks."""
+
+    def __init__(self, gpt: nn.GPT, first: int, last: int, is_first: bool, is_last: bool):
+        super().__init__()
+        self.is_first, self.is_last = is_first, is_last
+        if is_first:
+            self.wte, self.wpe, self.drop = gpt.wte, gpt.wpe, gpt.drop
+        self.blocks = nn.ModuleList(list(gpt.blocks)[first:last])
+        if is_last:
+            self.ln_f, self.lm_head = gpt.ln_f, gpt.lm_head
+
+    def forward(self, x):
+        if self.is_first:
+            pos = ct.arange(x.shape[1], placement=x.placement)
+            x = self.drop(self.wte(x) + self.wpe(pos))
+        for block in self.blocks:
+            x = block(x)
+        if self.is_last:
+            x = self.lm_head(self.ln_f(x))
+        return x
+
+
+def build(a):
+    """The model split into pipeline stages, each laid out on its own (dp, tp) mesh."""
+    world = a.dp * a.tp * a.pp
+    if ct.world_size() != world:
+        raise SystemExit(f"train.py: --dp {a.dp} x --tp {a.tp} x --pp {a.pp} = {world} ranks, "
+                         f"but the world has {ct.world_size()}")
+    if a.layers < a.pp:
+        raise SystemExit(f"train.py: --layers {a.layers} < --pp {a.pp}: every stage needs a block")
+    dtype = np.dtype(a.dtype)
+    ct.manual_seed(a.seed)
+    gpt = nn.GPT(VOCAB_SIZE, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
+                 tie_weights=False, dtype=dtype)  # untied: the head may sit on another stage
+    bounds = np.linspace(0, a.layers, a.pp + 1).round().astype(int)
+    stages = []
+    for s in range(a.pp):
+        ranks = np.arange(s * a.dp * a.tp, (s + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
+        mesh = ct.placement(a.device, ranks.tolist())
+        module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == a.pp - 1)
+        rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
+        for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
+            if name in rules:
+                rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
+        module.to_global(mesh, rules)
+        stages.append(Stage(module, mesh, input_sbp=(ct.sbp.split(0), ct.sbp.broadcast)))
+    return gpt, stages
+
+
+def main(a) -> list:
+    gpt, stages = build(a)
+    params = [p for st in stages for p in st.module.parameters()]
+    n_params = sum(p.numel() for p in params)
+    formula = parameter_count(a.hidden, a.layers, VOCAB_SIZE, a.seq_len)
+    untied_extra = 0 if gpt.tie_weights else VOCAB_SIZE * a.hidden
+    optimizer = optim.AdamW(params, lr=a.lr, weight_decay=0.1)
+    total = a.steps
+
+    def lr_lambda(step):
+        if step < a.warmup:
+            return (step + 1) / a.warmup
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - a.warmup) / max(1, total - a.warmup))))
+
+    scheduler = optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    start_step = 0
+    if a.load:
+        state = ct.load(a.load)
+        for st in stages:
+            st.module.load_state_dict({k: v for k, v in state["model"].items()
+                                       if k in st.module.state_dict()}, strict=False)
+        optimizer.load_state_dict(state["optim"])
+        start_step = int(state["step"])
+        ct.random.set_state({k: int(v) for k, v in state["rng"].items()})  # dropout masks
+        for _ in range(start_step):
+            scheduler.step()
+    corpus = Corpus()
+    rng = np.random.default_rng(a.seed)
+    for _ in range(start_step):  # the data stream continues where the checkpoint left it
+        corpus.batch(rng, a.global_batch, a.seq_len)
+    if a.global_batch % a.micro_batches:
+        raise SystemExit("train.py: --global-batch must be a multiple of --micro-batches")
+    micro = a.global_batch // a.micro_batches
+    first, last = stages[0].placement, stages[-1].placement
+    batch_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
+    rank0 = ct.rank() == 0
+    if rank0:
+        print(f"config {config_name(a)}: {n_params:,} parameters; formula 12lh^2(1+13/(12h)+"
+              f"(V+s)/(12lh)) = {formula:,}; difference {n_params - formula:,} = final "
+              f"LayerNorm 2h = {2 * a.hidden}"
+              + (f" + untied head Vh = {untied_extra}" if untied_extra else ""))
+        print(f"corpus: {len(corpus):,} bytes of Python documentation; world {ct.world_size()} "
+              f"({'simulated' if a.simulate else ct.runtime.world().mode.value})")
+    bar = None
+    if rank0 and not a.no_progress:
+        try:
+            from tqdm import tqdm
+            bar = tqdm(total=a.steps - start_step, desc=config_name(a), unit="step")
+        except ImportError:
+            bar = None
+    log_file = open(a.log_json, "w") if (a.log_json and rank0) else None
+    history = []
+    loss_fn = (lambda logits, y: F.cross_entropy(logits, y))
+    t_start = time.perf_counter()
+    for step in range(start_step, a.steps):
+        t0 = time.perf_counter()
+        xb, yb = corpus.batch(rng, a.global_batch, a.seq_len)
+        xs = [ct.tensor(xb[m * micro:(m + 1) * micro], placement=first, sbp=batch_sbp)
+              for m in range(a.micro_batches)]
+        ys = [ct.tensor(yb[m * micro:(m + 1) * micro], placement=last, sbp=batch_sbp)
+              for m in range(a.micro_batches)]
+        loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule)
+        if a.clip:
+            nn.utils.clip_grad_norm_(params, a.clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        dt = time.perf_counter() - t0
+        tokens_per_s = a.global_batch * a.seq_len / dt
+        history.append(loss)
+        if log_file:
+            log_file.write(json.dumps({"step": step, "loss": loss, "tokens_per_s": tokens_per_s,
+                                       "lr": optimizer.param_groups[0]["lr"]}) + "\n")
+            log_file.flush()
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
+            bar.update(1)
+    elapsed = time.perf_counter() - t_start
+    if bar is not None:
+        bar.close()
+    if log_file:
+        log_file.close()
+    if a.save:
+        state = {"model": {}, "optim": optimizer.state_dict(), "step": a.steps,
+                 "rng": ct.random.get_state()}
+        for st in stages:
+            state["model"].update(st.module.state_dict())
+        ct.save(state, a.save)
+    if rank0 and history:
+        steps_run = len(history)
+        print(f"done {config_name(a)}: {steps_run} steps, loss {history[0]:.4f} -> "
+              f"{history[-1]:.4f}, {steps_run * a.global_batch * a.seq_len / elapsed:,.0f} "
+              f"tokens/s")
+    if a.plot and rank0 and history:
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            print("train.py: --plot needs matplotlib (pip install -e '.[examples]')")
+        else:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            ax.plot(range(start_step, start_step + len(history)), history)
+            ax.set_xlabel("step")
+            ax.set_ylabel("cross entropy (nats/byte)")
+            ax.set_title(f"GPT {config_name(a)}")
+            fig.tight_layout()
+            fig.savefig(a.plot, dpi=100)
+    return history
+
+
+def run(argv=None) -> list:
+    a = parse_args(argv)
+    with (ct.simulate(a.simulate) if a.simulate else contextlib.nullcontext()):
+        return main(a)
+
+
+if __name__ == "__main__":
+    run()
