@@ -49,7 +49,7 @@ from math import factorial
 
 import numpy as np
 
-__all__ = ["philox4x32", "Kind", "elements_per_block", "fill_blocks", "CUDA_SOURCE",
+__all__ = ["philox4x32", "Kind", "Scratch", "elements_per_block", "fill_blocks", "CUDA_SOURCE",
            "cuda_fill"]
 
 # Philox4x32 multipliers and Weyl key increments (Salmon et al., SC'11, "Random123").
@@ -76,12 +76,27 @@ def elements_per_block(kind: int, dtype: np.dtype) -> int:
     return 4
 
 
+class Scratch(dict):
+    """Working arrays reused from one chunk to the next: ``scratch("name", shape, dtype)``.
+
+    Fresh temporaries of ~100 KiB per NumPy call would go through malloc's mmap/trim path
+    and page-fault on every chunk; reusing them keeps the loop in cache and out of the kernel.
+    """
+
+    def __call__(self, name: str, shape: tuple, dtype) -> np.ndarray:
+        a = self.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self[name] = np.empty(shape, dtype)
+        return a
+
+
 # ------------------------------------------------------------------------------ Philox
-def philox4x32(blocks: np.ndarray, call: int, seed: int):
+def philox4x32(blocks: np.ndarray, call: int, seed: int, scratch: Scratch | None = None):
     """Philox4x32-10 of counters ``(blocks lo, blocks hi, call lo, call hi)``, key ``seed``.
 
     ``blocks`` is a 1-D uint64 array. Returns ``(A, B)``, two ``(2, n)`` uint64 arrays
-    holding ``A = (x0, x2)`` and ``B = (x1, x3)`` (each value below ``2^32``).
+    holding ``A = (x0, x2)`` and ``B = (x1, x3)`` (each value below ``2^32``), which live in
+    ``scratch`` when one is given (valid until its next use).
 
     >>> A, B = philox4x32(np.zeros(1, np.uint64), 0, 0)
     >>> hex(int(A[0, 0]))        # Random123 known answer for key 0, counter 0
@@ -91,9 +106,8 @@ def philox4x32(blocks: np.ndarray, call: int, seed: int):
     k0, k1 = seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF
     # state kept as two (2, n) uint64 arrays, A = (c0, c2) and B = (c1, c3), so each step of
     # a round is one ufunc call over both halves; uint32 products are exact in uint64
-    A = np.empty((2, n), np.uint64)
-    B = np.empty((2, n), np.uint64)
-    P = np.empty((2, n), np.uint64)
+    scratch = Scratch() if scratch is None else scratch
+    A, B, P = (scratch(name, (2, n), np.uint64) for name in "ABP")
     np.bitwise_and(blocks, _MASK32, out=A[0])
     A[1] = call & 0xFFFFFFFF
     np.right_shift(blocks, _SHIFT32, out=B[0])
@@ -131,8 +145,8 @@ _LN2 = math.log(2.0)
 _SQRT_HALF = math.sqrt(0.5)
 
 
-def _horner(x: np.ndarray, coefs: tuple) -> np.ndarray:
-    p = np.multiply(x, coefs[-1])
+def _horner(x: np.ndarray, coefs: tuple, out: np.ndarray) -> np.ndarray:
+    p = np.multiply(x, coefs[-1], out=out)
     p += coefs[-2]
     for c in coefs[-3::-1]:
         p *= x
@@ -140,37 +154,42 @@ def _horner(x: np.ndarray, coefs: tuple) -> np.ndarray:
     return p
 
 
-def box_muller(N: np.ndarray, V: np.ndarray, bits: int, series: dict):
+def box_muller(N: np.ndarray, V: np.ndarray, bits: int, series: dict, scratch: Scratch):
     """Two standard normals per pair, from ``N`` (int64, in 1..2^bits) and ``V`` (int64,
     below 2^bits; overwritten). Returns float64 ``(cos t, sin t, r)``: the normals are
     ``cos t * r`` and ``sin t * r``, the last product left to the caller so that it can
     write (and round) straight into the output. The exact operations are in the module doc.
     """
-    m, e = np.frexp(N.astype(np.float64))
-    small = m < _SQRT_HALF
-    m += m * small                             # m in [sqrt(1/2), sqrt(2)), exact
+    def buf(name: str, dtype=np.float64) -> np.ndarray:
+        return scratch(name, N.shape, dtype)
+
+    m, e, d, p = buf("m"), buf("e", np.int32), buf("d"), buf("p")
+    m[...] = N
+    np.frexp(m, out=(m, e))
+    small = np.less(m, _SQRT_HALF, out=buf("small", np.bool_))
+    m += np.multiply(m, small, out=d)          # m in [sqrt(1/2), sqrt(2)), exact
     e -= small
-    d = m + 1.0
+    np.add(m, 1.0, out=d)
     m -= 1.0
     m /= d                                     # s = (m - 1) / (m + 1)
-    p = _horner(m * m, series["log"])
+    _horner(np.multiply(m, m, out=d), series["log"], out=p)
     p *= m                                     # ln m = 2 atanh(s)
     e -= bits
-    p += e * _LN2                              # ln u1
+    p += np.multiply(e, _LN2, out=d)           # ln u1
     p *= -2.0
     r = np.sqrt(p, out=p)
     half = bits - 1
     # the half turn k = V >> half is the sign of r: r * (1 - 2k) flips the sign bit
-    sign = V >> half
+    sign = np.right_shift(V, half, out=buf("sign", np.int64))
     sign <<= 63
     r.view(np.int64)[...] ^= sign
     V &= (1 << half) - 1
     V -= 1 << (half - 1)
-    t = V * (math.pi * 2.0 ** -half)           # t in [-pi/2, pi/2)
-    t2 = t * t
-    sin = _horner(t2, series["sin"])
+    t = np.multiply(V, math.pi * 2.0 ** -half, out=d)     # t in [-pi/2, pi/2)
+    t2 = np.multiply(t, t, out=m)
+    sin = _horner(t2, series["sin"], out=buf("sin"))
     sin *= t
-    return _horner(t2, series["cos"]), sin, r
+    return _horner(t2, series["cos"], out=buf("cos")), sin, r
 
 
 # ------------------------------------------------------------------------------ words -> values
@@ -191,49 +210,52 @@ def _store(out: np.ndarray, a: np.ndarray, b) -> None:
 
 
 def fill_blocks(out: np.ndarray, A: np.ndarray, B: np.ndarray, kind: int, low: int = 0,
-                span: int = 0) -> None:
+                span: int = 0, scratch: Scratch | None = None) -> None:
     """Write the ``(n, E)`` values of ``n`` blocks (words ``A``, ``B`` of :func:`philox4x32`)
     into ``out`` (shape ``(n, E)``, the tensor's dtype). ``A``, ``B`` are overwritten.
 
     ``low``/``span`` are the integer kind's range: ``low + (v mod span)`` (``span`` 0: 2^64).
     """
     dtype = out.dtype
+    scratch = Scratch() if scratch is None else scratch
     if kind == Kind.INTEGER:
         A <<= _SHIFT32
         A |= B                                 # v = x_{2j} * 2^32 + x_{2j+1}
         if span:
             A %= np.uint64(span)
         A += np.uint64(low % (1 << 64))        # wraps like the two's-complement sum
-        out.T[...] = (A.view(np.int64) if dtype.kind == "i" else A).astype(dtype, copy=False)
+        np.copyto(out.T, A.view(np.int64) if dtype.kind == "i" else A, casting="unsafe")
     elif dtype.itemsize == 8:                  # element 2b + j from x_{2j}, x_{2j+1}
         if kind == Kind.UNIFORM:
             np.multiply(_join53(A, B), 2.0 ** -53, out=out.T)
         else:
             N = _join53(A[0], B[0])
             N += 1
-            cos, sin, r = box_muller(N, _join53(A[1], B[1]), 53, _SERIES[8])
+            cos, sin, r = box_muller(N, _join53(A[1], B[1]), 53, _SERIES[8], scratch)
             np.multiply(cos, r, out=out[:, 0])
             np.multiply(sin, r, out=out[:, 1])
     else:  # element 4b + 2p + h; rows p of A, B are x_{2p}, x_{2p+1}
         quad = out.reshape(out.shape[0], 2, 2)
         if kind == Kind.UNIFORM:
             shift, scale = (8, 2.0 ** -24) if dtype.itemsize == 4 else (21, 2.0 ** -11)
+            floats = scratch("floats", A.shape, np.float64)
             for h, words in enumerate((A, B)):
                 words >>= np.uint64(shift)
-                _store(quad[:, :, h].T, words.view(np.int64).astype(np.float64), scale)
+                np.copyto(floats, words.view(np.int64), casting="unsafe")
+                _store(quad[:, :, h].T, floats, scale)
         else:
             N = A.view(np.int64)
             N += 1
-            cos, sin, r = box_muller(N, B.view(np.int64), 32, _SERIES[4])
+            cos, sin, r = box_muller(N, B.view(np.int64), 32, _SERIES[4], scratch)
             _store(quad[:, :, 0].T, cos, r)
             _store(quad[:, :, 1].T, sin, r)
 
 
 # ------------------------------------------------------------------------------ CUDA
 def _c_horner(var: str, x: str, coefs: tuple) -> str:
-    lines = [f"{var} = {x} * {coefs[-1].hex()};", f"{var} = {var} + {coefs[-2].hex()};"]
+    lines = [f"{var} = {x} * {coefs[-1]!r};", f"{var} = {var} + {coefs[-2]!r};"]
     for c in coefs[-3::-1]:
-        lines += [f"{var} = {var} * {x};", f"{var} = {var} + {c.hex()};"]
+        lines += [f"{var} = {var} * {x};", f"{var} = {var} + {c!r};"]
     return " ".join(lines)
 
 
@@ -244,15 +266,15 @@ def _c_box_muller(size: int, bits: int) -> str:
 __device__ void ct_box_muller{size}(unsigned long long N, unsigned long long V,
                                     double* zc, double* zs) {{
   int e; double m = frexp((double)N, &e), p, t, t2, sn, cs;
-  double small = m < {_SQRT_HALF.hex()} ? 1.0 : 0.0;
+  double small = m < {_SQRT_HALF!r} ? 1.0 : 0.0;
   m = m + m * small; e = e - (int)small;
   double d = m + 1.0; m = m - 1.0; m = m / d;
   double s2 = m * m; {_c_horner("p", "s2", s["log"])} p = p * m;
-  p = p + (double)(e - {bits}) * {_LN2.hex()};
+  p = p + (double)(e - {bits}) * {_LN2!r};
   p = p * -2.0; double r = sqrt(p);
   long long k = (long long)(V >> {half});
   long long w = (long long)(V & ((1ULL << {half}) - 1)) - (1LL << {half - 1});
-  t = (double)w * {(math.pi * 2.0 ** -half).hex()};
+  t = (double)w * {math.pi * 2.0 ** -half!r};
   r = r * ((double)k * -2.0 + 1.0);
   t2 = t * t; {_c_horner("sn", "t2", s["sin"])} sn = sn * t;
   {_c_horner("cs", "t2", s["cos"])}
@@ -295,11 +317,11 @@ out = (T)(long long)(u + low);
     Kind.UNIFORM: _CUDA_HEAD % "sizeof(T) == 8 ? 2 : 4" + """
 if (sizeof(T) == 8) {
   unsigned long long w = ((unsigned long long)x[2 * j] << 21) | (x[2 * j + 1] >> 11);
-  out = (T)((double)(long long)w * 0x1p-53);
+  out = (T)((double)(long long)w * 1.1102230246251565e-16);
 } else if (sizeof(T) == 4) {
-  out = (T)(float)((double)(x[j] >> 8) * 0x1p-24);
+  out = (T)(float)((double)(x[j] >> 8) * 5.9604644775390625e-08);
 } else {
-  out = (T)(float)((double)(x[j] >> 21) * 0x1p-11);
+  out = (T)(float)((double)(x[j] >> 21) * 0.00048828125);
 }
 """,
     Kind.NORMAL: _CUDA_HEAD % "sizeof(T) == 8 ? 2 : 4" + """

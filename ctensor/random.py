@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from ._philox import Kind, cuda_fill, elements_per_block, fill_blocks, philox4x32
+from ._philox import Kind, Scratch, cuda_fill, elements_per_block, fill_blocks, philox4x32
 from .creation import generate, resolve
 from .layout import Layout
 from .sbp import Broadcast, Partial
@@ -36,6 +36,7 @@ _UINT64 = 1 << 64
 _FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 # blocks per vectorised step: the working arrays of Philox and Box-Muller stay in cache
 _CHUNK_BLOCKS = 8192
+_CHUNK_RANGE = np.arange(_CHUNK_BLOCKS, dtype=np.int64)
 
 
 class _Generator:
@@ -138,15 +139,18 @@ def _numpy_region(kind: int, shape: tuple, box: tuple, dtype: np.dtype, key: tup
     per_run = ((int(offsets[0]) if uniform else E - 1) + length - 1) // E + 1
     total = len(starts) * per_run
     values = np.empty((total, E), dtype)
+    scratch = Scratch()
     for q0 in range(0, total, _CHUNK_BLOCKS):
-        q = np.arange(q0, min(total, q0 + _CHUNK_BLOCKS), dtype=np.int64)
+        size = min(_CHUNK_BLOCKS, total - q0)
+        q = np.add(_CHUNK_RANGE[:size], q0, out=scratch("q", (_CHUNK_BLOCKS,), np.int64)[:size])
         if len(starts) == 1:
             q += first[0]
         else:
             run, within = np.divmod(q, per_run)
-            q = first[run] + within
-        A, B = philox4x32(q.view(np.uint64), call, seed)
-        fill_blocks(values[q0:q0 + len(q)], A, B, kind, low, span)
+            np.take(first, run, out=q)
+            q += within
+        A, B = philox4x32(q.view(np.uint64), call, seed, scratch)
+        fill_blocks(values[q0:q0 + size], A, B, kind, low, span, scratch)
     rows = values.reshape(len(starts), per_run * E)
     if uniform:
         return rows[:, int(offsets[0]):int(offsets[0]) + length]
