@@ -396,5 +396,6 @@ def box(shards: dict, src: Layout, dst: Layout) -> dict:
         return shards
     comm = world().comm_for(src.placement.device, dst.placement.device)
     for step in plan(src, dst):
-        shards = step.run(comm, shards)
+        with debug.boxing_step(step):  # names the step in collective fingerprints
+            shards = step.run(comm, shards)
     return shards

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import autograd, boxing
+from . import autograd, boxing, debug
 from .layout import Layout
 from .placement import Placement
 from .registry import register
@@ -102,6 +102,7 @@ def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
                         f"array), got dtype {arr.dtype}")
     layout = resolve("tensor", arr.shape, placement, sbp, arr.dtype)
     _check_grad("tensor", layout.dtype, requires_grad)
+    debug.check_same_data("tensor", arr, layout.placement)  # debug mode, several processes
     return generate(layout, lambda xp, box, dt: arr[tuple(slice(a, b) for a, b in box)].copy(),
                     requires_grad)
 

@@ -1,17 +1,34 @@
-"""Seeing where data lives and where it moves.
+"""Seeing where data lives and where it moves, and catching ranks that disagree.
 
-* :func:`comm_log` records every boxing step (op, from SBP, to SBP, collective, bytes);
-* :func:`visualize` draws how a tensor is laid out over its mesh.
+* :func:`visualize` draws how a tensor is laid out over its mesh (pure metadata);
+* :func:`comm_log` records every boxing step (op, from SBP, to SBP, collective, bytes)
+  and prints a per-op summary table;
+* :func:`check_consistency` (or ``CTENSOR_DEBUG=1``) turns on the fingerprint exchange
+  before every MPI collective, so ranks that run different collectives get a
+  :class:`~ctensor.errors.DivergenceError` instead of a hang, and makes ``ct.tensor``
+  check that every rank passed the same data.
+
+Under mpiexec a collective that waits longer than ``CTENSOR_TIMEOUT`` seconds (default
+300) raises :class:`~ctensor.errors.CommTimeoutError` whether or not debug mode is on.
+After either error the job cannot safely run more collectives: let it propagate and the
+excepthook aborts the job. In a simulation one process holds every rank, so the checks
+are no-ops there.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-__all__ = ["comm_log", "CommEvent", "CommLog", "current_op", "visualize"]
+import numpy as np
+
+__all__ = ["comm_log", "CommEvent", "CommLog", "current_op", "visualize", "Picture",
+           "check_consistency", "consistency_checks_enabled", "check_same_data",
+           "boxing_step", "current_context", "describe_step"]
 
 
+# ----------------------------------------------------------------------------- comm log
 @dataclass(frozen=True)
 class CommEvent:
     """One boxing step: which op caused it, the SBPs, the collective and the bytes moved
@@ -31,6 +48,15 @@ class CommEvent:
                 f"{self.collective}{axis} ({self.nbytes} B)")
 
 
+def _human(nbytes: int) -> str:
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{nbytes} B"
+
+
 class CommLog(list):
     """The events recorded inside a :func:`comm_log` block (a list of :class:`CommEvent`)."""
 
@@ -38,22 +64,44 @@ class CommLog(list):
         """Names of the communicating steps (local slices and pads left out)."""
         return [e.collective for e in self if e.collective not in _LOCAL]
 
+    @property
+    def total_bytes(self) -> int:
+        """Bytes this process fed into communicating steps."""
+        return sum(e.nbytes for e in self if e.collective not in _LOCAL)
+
     def summary(self) -> str:
-        """A table: per op and collective, count and bytes."""
+        """A table: per op and collective, count and bytes, then the total.
+
+        >>> print(log.summary())
+        op                      collective          count         bytes
+        to_global               all_gather              1    1.0 KiB
+        total                                           1    1.0 KiB
+        """
         rows: dict = {}
         for e in self:
+            if e.collective in _LOCAL:
+                continue
             key = (e.op, e.collective)
             count, nbytes = rows.get(key, (0, 0))
             rows[key] = (count + 1, nbytes + e.nbytes)
-        lines = [f"{'op':<24}{'collective':<16}{'count':>7}{'bytes':>14}"]
+        head = f"{'op':<24}{'collective':<16}{'count':>9}{'bytes':>14}"
+        if not rows:
+            return head + "\n(no communication)"
+        lines = [head]
         for (op, coll), (count, nbytes) in sorted(rows.items()):
-            lines.append(f"{op:<24}{coll:<16}{count:>7}{nbytes:>14}")
+            lines.append(f"{op:<24}{coll:<16}{count:>9}{_human(nbytes):>14}")
+        total_count = sum(c for c, _ in rows.values())
+        lines.append(f"{'total':<40}{total_count:>9}{_human(self.total_bytes):>14}")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
 
 
 _LOCAL = ("slice", "pad_partial", "local", "relabel")
 _logs: list = []
 _op_stack: list = ["to_global"]
+_step_stack: list = []
 
 
 @contextlib.contextmanager
@@ -64,6 +112,7 @@ def comm_log() -> Iterator[CommLog]:
     ...     y = x.to_global(sbp=ct.sbp.broadcast)
     >>> log.collectives()
     ['all_gather']
+    >>> print(log.summary())        # per op and collective: count and bytes
     """
     log = CommLog()
     _logs.append(log)
@@ -83,6 +132,40 @@ def current_op(name: str) -> Iterator[None]:
         _op_stack.pop()
 
 
+class boxing_step:
+    """``with debug.boxing_step(step):`` around one boxing step, so that collective
+    fingerprints and timeout messages can say which layouts it converts (used by boxing)."""
+
+    __slots__ = ("step",)
+
+    def __init__(self, step):
+        self.step = step
+
+    def __enter__(self):
+        _step_stack.append(self.step)
+
+    def __exit__(self, *exc) -> None:
+        _step_stack.pop()
+
+
+def current_context() -> tuple:
+    """``(op name, boxing step or None)`` of the collective about to run."""
+    return _op_stack[-1], (_step_stack[-1] if _step_stack else None)
+
+
+def describe_step(step) -> str:
+    """One line about a boxing step: collective, SBPs, shape, dtype and placement(s)."""
+    from .sbp import format_sbp
+    before, after = step.before, step.after
+    axis = "" if getattr(step, "mesh_axis", None) is None else f" on mesh axis {step.mesh_axis}"
+    what = f"{tuple(before.shape)} {before.dtype}"
+    if before.placement == after.placement:
+        return (f"{step.collective}{axis} {format_sbp(before.sbp)} -> {format_sbp(after.sbp)} "
+                f"of {what} on {before.placement!r}")
+    return (f"{step.collective} of {what} from {format_sbp(before.sbp)} on "
+            f"{before.placement!r} to {format_sbp(after.sbp)} on {after.placement!r}")
+
+
 def record(step, nbytes: int) -> None:
     """Called by boxing for every step it runs."""
     if not _logs:
@@ -93,15 +176,175 @@ def record(step, nbytes: int) -> None:
         log.append(event)
 
 
-def visualize(x) -> str:
-    """A text picture of how ``x`` is laid out: per rank, its index range per dim."""
-    layout = x._layout
+# ----------------------------------------------------------------------------- consistency
+def _process_comm():
+    from . import runtime
+    return runtime._base_world().comm
+
+
+class check_consistency:
+    """Turn on (or off) the fingerprint exchange before every MPI collective.
+
+    Each collective first exchanges a fixed-size record (per-group sequence number,
+    collective, op, boxing step with shape, dtype, SBP and placement) with the other
+    members; ranks that disagree raise :class:`~ctensor.errors.DivergenceError` on every
+    member, and a member that does not arrive within ``timeout`` seconds (default 20, at
+    most ``CTENSOR_TIMEOUT``) turns into an error naming it. ``ct.tensor`` also checks that
+    every rank passed the same data. Same as ``CTENSOR_DEBUG=1``; call it on every rank
+    at the same point. A no-op in a simulation (one process holds every rank).
+
+    >>> ct.debug.check_consistency()            # from here on
+    >>> with ct.debug.check_consistency():      # or only inside the block
+    ...     y = x.to_global(sbp=ct.sbp.broadcast)
+    """
+
+    def __init__(self, enabled: bool = True, timeout: Optional[float] = None):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"check_consistency: argument 'enabled' must be True or False, "
+                            f"got {enabled!r}")
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ValueError(f"check_consistency: argument 'timeout' must be a positive number "
+                             f"of seconds or None, got {timeout!r}")
+        comm = _process_comm()
+        self._comm = comm
+        self._previous = bool(comm.check_consistency)
+        watchdog = getattr(comm, "watchdog", None)
+        self._previous_timeout = watchdog.check_timeout if watchdog is not None else None
+        comm.check_consistency = enabled
+        if watchdog is not None and timeout is not None:
+            watchdog.check_timeout = float(timeout)
+
+    def __enter__(self) -> "check_consistency":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._comm.check_consistency = self._previous
+        watchdog = getattr(self._comm, "watchdog", None)
+        if watchdog is not None:
+            watchdog.check_timeout = self._previous_timeout
+
+    def __repr__(self) -> str:
+        return f"check_consistency(enabled={bool(self._comm.check_consistency)})"
+
+
+def consistency_checks_enabled() -> bool:
+    """Whether debug mode (fingerprints before every collective) is on in this process."""
+    return bool(_process_comm().check_consistency)
+
+
+def check_same_data(fn: str, data: np.ndarray, placement) -> None:
+    """Debug mode, several processes: check that every rank of ``placement`` passed the same
+    ``data`` (hashes are all-gathered); raise ``ValueError`` on every rank otherwise."""
+    from . import runtime
+    w = runtime.world()
+    if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_consistency:
+        return
+    me = w.held_ranks[0]
+    group = tuple(sorted(placement.rank_list))
+    if me not in group or len(group) == 1:
+        return
+    arr = np.ascontiguousarray(data)
+    mine = (tuple(arr.shape), str(arr.dtype),
+            hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest())
+    listing = w.comm.all_gather_object(group, {me: mine})[me]
+    reference = listing[0]
+    differ = [r for r, m in zip(group, listing) if m != reference]
+    if differ:
+        seen = "; ".join(f"rank {r}: shape {s} {d} hash {h[:8]}"
+                         for r, (s, d, h) in zip(group, listing))
+        raise ValueError(f"{fn}: argument 'data' must be the same full logical value on every "
+                         f"rank of the placement, but ranks {differ} passed data different "
+                         f"from rank {group[0]}'s ({seen}); build it identically on every rank "
+                         f"(same seed, nothing rank-dependent), or pass each rank's own shard "
+                         f"to ct.from_local")
+
+
+# ----------------------------------------------------------------------------- picture
+class Picture(str):
+    """A multi-line text that shows as itself at a REPL (no quotes, real newlines)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _axis_note(axis: int, size: int, entry, names: tuple) -> str:
+    from .sbp import Broadcast, Split
+    label = f"mesh axis {axis} ({names[axis]}size {size}): {entry!r} - "
+    if isinstance(entry, Split):
+        return label + f"dim {entry.dim} is split into {size} consecutive parts"
+    if isinstance(entry, Broadcast):
+        return label + "replicated: these ranks hold the same values"
+    return label + (f"partial {entry.op.value}: the value is the {entry.op.value} of these "
+                    f"ranks' arrays")
+
+
+def _cell(layout, rank: int, marks: str, me: Optional[int]) -> list:
+    box = layout.box(rank)
+    head = f"rank {rank}" + (" *" if rank == me else "")
+    if not box:
+        region = "scalar"
+    else:
+        region = "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
+        if any(a == b for a, b in box):
+            region += " empty"
+    return [head, region] + ([marks] if marks else [])
+
+
+def _grid(cells: list) -> list:
+    """Rows of multi-line cells drawn with ``+-|``; ``cells`` is a list of rows."""
+    width = max(len(line) for row in cells for cell in row for line in cell) + 2
+    height = max(len(cell) for row in cells for cell in row)
+    rule = "+" + "+".join("-" * width for _ in cells[0]) + "+"
+    out = [rule]
+    for row in cells:
+        for i in range(height):
+            out.append("|" + "|".join(f" {cell[i] if i < len(cell) else '':<{width - 1}}"
+                                      for cell in row) + "|")
+        out.append(rule)
+    return out
+
+
+def visualize(x) -> Picture:
+    """A text picture of how ``x`` is laid out over its mesh: a header (shape, dtype,
+    placement, SBP and what each mesh axis does), then the mesh as a grid (a row for a 1-D
+    mesh, rows x cols for 2-D, one grid per leading index beyond that) whose cells give each
+    rank's index range per dim and its marks: ``B`` replicated, ``P(sum|max|min)`` partial.
+
+    Pure metadata: no communication, so it works at a REPL in a simulation and on every
+    rank under mpiexec (where ``*`` marks this process's rank).
+
+    >>> with ct.simulate(4):
+    ...     x = ct.zeros(8, 17, placement=ct.placement("cpu", [[0, 1], [2, 3]]),
+    ...                  sbp=(ct.sbp.split(0), ct.sbp.broadcast))
+    ...     print(ct.debug.visualize(x))     # or x.visualize()
+    """
+    from .runtime import world
+    from .sbp import Broadcast, Partial, format_sbp
+    layout = getattr(x, "_layout", None)
+    if layout is None:
+        raise TypeError(f"visualize: argument 'x' must be a ct.Tensor, got "
+                        f"{type(x).__name__}")
     p = layout.placement
-    from .sbp import format_sbp
-    lines = [f"{tuple(layout.shape)} {layout.dtype} on {p!r} sbp {format_sbp(layout.sbp)}"]
-    for r in p.rank_list:
-        box = layout.box(r)
-        rng = ", ".join(f"{a}:{b}" for a, b in box) or "scalar"
-        marks = [f"{s!r}" for s in layout.sbp if not hasattr(s, "dim")]
-        lines.append(f"  rank {r} {p.coord(r)}: [{rng}]" + (f"  {' '.join(marks)}" if marks else ""))
-    return "\n".join(lines)
+    names = ("rows, ", "cols, ") if p.ndim == 2 else ("",) * p.ndim
+    w = world()
+    me = w.held_ranks[0] if len(w.held_ranks) == 1 and w.size > 1 else None
+    lines = [f"Tensor shape {tuple(layout.shape)} {layout.dtype}, sbp {format_sbp(layout.sbp)}",
+             f"{p!r}: mesh {' x '.join(map(str, p.shape))}"]
+    lines += ["  " + _axis_note(a, n, s, names) for a, (n, s) in enumerate(zip(p.shape,
+                                                                               layout.sbp))]
+    marks = " ".join("B" if isinstance(s, Broadcast) else f"P({s.op.value})"
+                     for s in layout.sbp if isinstance(s, (Broadcast, Partial)))
+    if me is not None:
+        lines.append(f"  * = this process (rank {me})")
+    ranks = p.ranks
+    if p.ndim == 1:
+        ranks = ranks.reshape(1, -1)
+    lead = ranks.shape[:-2]
+    for index in np.ndindex(*lead):
+        if lead:
+            lines.append("mesh[" + ", ".join(map(str, index)) + ", :, :]")
+        sub = ranks[index]
+        cells = [[_cell(layout, int(r), marks, me) for r in row] for row in sub]
+        lines += _grid(cells)
+    return Picture("\n".join(lines))

@@ -1,9 +1,27 @@
-"""Exception types of ctensor."""
+"""Exception types of ctensor.
+
+Bad arguments are plain ``ValueError`` / ``TypeError`` raised before any communication.
+The errors below are about the *ranks of a job disagreeing*: they come from the MPI
+collectives (see :mod:`ctensor.comm.watchdog`). Once one is raised, the ranks no longer
+agree on which collectives they run, so the job cannot safely run further collectives:
+let it propagate, and the MPI excepthook installed by ctensor aborts the whole job
+(every rank that detected the problem prints its own view first).
+"""
 
 
-class DivergenceError(RuntimeError):
-    """Ranks reached different collectives (different op, shapes, SBP or sequence number)."""
+class CollectiveError(RuntimeError):
+    """Base of the errors that mean the ranks of a job no longer agree; not recoverable."""
 
 
-class CommTimeoutError(RuntimeError):
-    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds for other ranks."""
+class DivergenceError(CollectiveError):
+    """Ranks reached different collectives (different op, shapes, SBP or sequence number).
+
+    Raised in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`) on
+    every rank that compared the fingerprints, naming what each rank was doing.
+    """
+
+
+class CommTimeoutError(CollectiveError):
+    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 300) for other
+    ranks; the message names the op, the ranks it waited for and, where they answered,
+    what those ranks were doing instead."""

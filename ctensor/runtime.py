@@ -79,8 +79,10 @@ def _base_world() -> World:
     global _base
     if _base is None:
         if _launched_by_mpi():
-            from .comm.mpi import MPICommunicator
-            comm = MPICommunicator()
+            from .comm.mpi import MPICommunicator, install_excepthook
+            comm = MPICommunicator()  # reads CTENSOR_DEBUG and CTENSOR_TIMEOUT
+            if comm.size > 1:  # an uncaught exception on one rank aborts the whole job
+                install_excepthook(comm.world, comm.watchdog)
             _base = World(Mode.MPI if comm.size > 1 else Mode.SINGLE, comm)
         else:
             _base = World(Mode.SINGLE, SimulatedCommunicator(1))

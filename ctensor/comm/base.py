@@ -43,6 +43,9 @@ class Communicator(ABC):
     size: int
     #: the ranks this process holds, ascending
     held_ranks: tuple
+    #: debug mode: compare a fingerprint of every collective across its members first
+    #: (meaningful where ranks live in different processes; see ``watchdog.py``)
+    check_consistency: bool = False
 
     def holds(self, rank: int) -> bool:
         return rank in self.held_ranks

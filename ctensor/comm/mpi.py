@@ -4,18 +4,34 @@ Tensor data always goes through the uppercase (zero-pickle) calls, with the ``v`
 variants where parts are uneven. Non-reducing collectives move raw bytes so every
 dtype (bool, float16, complex) works; reductions use the MPI datatype of the array.
 Sub-communicators are made once per group with ``Create_group`` (collective over the
-group only) and cached.
+group only, after a timed handshake) and cached.
+
+Every collective is the *nonblocking* MPI call completed by a :class:`Watchdog` wait,
+so no rank waits forever: after ``CTENSOR_TIMEOUT`` seconds it raises
+:class:`~ctensor.errors.CommTimeoutError`, and in debug mode mismatched collectives raise
+:class:`~ctensor.errors.DivergenceError` before any data moves (see ``watchdog.py``).
+:func:`install_excepthook` makes an uncaught exception on one rank abort the whole job.
 """
 from __future__ import annotations
 
+import pickle
+import sys
+import time
+import traceback
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .. import debug
+from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Shards, contiguous
+from .watchdog import Call, Watchdog, env_debug, env_timeout
 
-_REDUCE_TAG = 0
+#: seconds the excepthook waits before aborting on a CollectiveError (answering queries
+#: meanwhile), so that the other ranks, which detect the same disagreement, print their
+#: own view of it first
+ABORT_GRACE_SECONDS = 1.5
 
 
 def _mpi():
@@ -37,9 +53,15 @@ def _prefix(counts):
 
 
 class MPICommunicator(Communicator):
-    """Wraps ``MPI.COMM_WORLD``; this process holds exactly its own rank."""
+    """Wraps ``MPI.COMM_WORLD``; this process holds exactly its own rank.
 
-    def __init__(self, comm=None):
+    ``check_consistency`` (default: ``CTENSOR_DEBUG``) turns on the fingerprint exchange
+    before every collective; ``timeout`` (default: ``CTENSOR_TIMEOUT``, 300 s) bounds every
+    wait.
+    """
+
+    def __init__(self, comm=None, check_consistency: bool | None = None,
+                 timeout: float | None = None):
         MPI = _mpi()
         self._MPI = MPI
         self.world = comm if comm is not None else MPI.COMM_WORLD
@@ -47,16 +69,30 @@ class MPICommunicator(Communicator):
         self.rank = self.world.Get_rank()
         self.held_ranks = (self.rank,)
         self._groups: dict[Group, Any] = {}
+        self._seq: dict[Group, int] = {}
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
+        self.watchdog = Watchdog(MPI, self.world, env_timeout() if timeout is None else timeout,
+                                 env_debug() if check_consistency is None else check_consistency)
+
+    @property
+    def check_consistency(self) -> bool:
+        """Whether every collective first compares fingerprints across its members."""
+        return self.watchdog.check
+
+    @check_consistency.setter
+    def check_consistency(self, enabled: bool) -> None:
+        self.watchdog.check = bool(enabled)
 
     # ------------------------------------------------------------------ groups
-    def _comm(self, group: Group):
+    def _comm(self, group: Group, call: Call):
         """The sub-communicator of ``group`` (its rank i is ``group[i]``); cached."""
         comm = self._groups.get(group)
         if comm is None:
             if group == tuple(range(self.size)):
                 comm = self.world
             else:
+                # Create_group blocks with no timeout: meet the members (timed) first
+                self.watchdog.handshake(group, call)
                 world_group = self.world.Get_group()
                 sub = world_group.Incl(list(group))
                 comm = self.world.Create_group(sub, tag=7)
@@ -77,13 +113,33 @@ class MPICommunicator(Communicator):
                                f"which is not a member")
         return bufs[self.rank]
 
+    def _begin(self, collective: str, group: Group, buf, args: tuple = (),
+               same_shape: bool = False) -> Call:
+        """Count the call on its group, say what this rank is doing and, in debug mode,
+        compare fingerprints with the other members (raises before any data moves)."""
+        seq = self._seq.get(group, 0) + 1
+        self._seq[group] = seq
+        op, step = debug.current_context()
+        call = Call(seq, collective, group, op, step, tuple(getattr(buf, "shape", ())),
+                    str(getattr(buf, "dtype", "")), args, same_shape)
+        self.watchdog.doing = call
+        if self.watchdog.check:
+            self.watchdog.verify(call, group)
+        return call
+
+    def _finish(self, requests: list, call: Call, group: Group) -> None:
+        self.watchdog.wait(requests, call, [g for g in group if g != self.rank])
+        self.watchdog.doing = None
+
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, group, bufs, op):
         buf = contiguous(self._mine(group, bufs))
         if len(group) == 1:
             return {self.rank: buf.copy()}
+        call = self._begin("all_reduce", group, buf, (op.value,), same_shape=True)
         out = np.empty_like(buf)
-        self._comm(group).Allreduce(buf, out, op=self._op(op, buf.dtype))
+        req = self._comm(group, call).Iallreduce(buf, out, op=self._op(op, buf.dtype))
+        self._finish([req], call, group)
         return {self.rank: out}
 
     def all_gather(self, group, bufs, dim, sizes):
@@ -94,12 +150,18 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             out[...] = moved
         else:
+            call = self._begin("all_gather", group, buf, (f"dim {dim}", f"sizes {list(sizes)}"))
             row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
             displs, _ = _prefix(sizes)
-            self._comm(group).Allgatherv(
-                [_bytes(moved), self._MPI.BYTE],
-                [out.reshape(-1).view(np.uint8), [n * row for n in sizes],
-                 [d * row for d in displs], self._MPI.BYTE])
+            send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
+            comm = self._comm(group, call)
+            if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
+                req = comm.Iallgather([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
+            else:
+                req = comm.Iallgatherv([send, self._MPI.BYTE],
+                                       [recv, [n * row for n in sizes],
+                                        [d * row for d in displs], self._MPI.BYTE])
+            self._finish([req], call, group)
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
@@ -111,12 +173,23 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             out[...] = moved
         else:
-            self._comm(group).Reduce_scatter(moved, out, [n * row for n in sizes],
-                                             op=self._op(op, buf.dtype))
+            call = self._begin("reduce_scatter", group, buf,
+                               (op.value, f"dim {dim}", f"sizes {list(sizes)}"), same_shape=True)
+            comm, mpi_op = self._comm(group, call), self._op(op, buf.dtype)
+            if len(set(sizes)) == 1:
+                req = comm.Ireduce_scatter_block(moved, out, op=mpi_op)
+            else:
+                req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
+            self._finish([req], call, group)
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         buf = self._mine(group, bufs)
+        if len(group) == 1:
+            return {self.rank: buf.copy()}
+        call = self._begin("all_to_all", group, buf,
+                           (f"split dim {split_dim} sizes {list(split_sizes)}",
+                            f"concat dim {concat_dim} sizes {list(concat_sizes)}"))
         me = group.index(self.rank)
         itemsize = buf.dtype.itemsize
         # pack: part j (cut along split_dim) as one contiguous block in its natural layout;
@@ -147,8 +220,13 @@ class MPICommunicator(Communicator):
         sdispls, _ = _prefix(send_counts)
         rdispls, rtotal = _prefix(recv_counts)
         recv = np.empty(rtotal, dtype=np.uint8)
-        self._comm(group).Alltoallv([send, send_counts, sdispls, self._MPI.BYTE],
-                                    [recv, recv_counts, rdispls, self._MPI.BYTE])
+        comm = self._comm(group, call)
+        if len(set(send_counts + recv_counts)) == 1:  # even parts: Alltoall beats Alltoallv
+            req = comm.Ialltoall([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
+        else:
+            req = comm.Ialltoallv([send, send_counts, sdispls, self._MPI.BYTE],
+                                  [recv, recv_counts, rdispls, self._MPI.BYTE])
+        self._finish([req], call, group)
         if concat_dim == 0:  # received blocks already lie in final order
             shape = list(recv_shapes[0])
             shape[0] = sum(concat_sizes)
@@ -159,34 +237,97 @@ class MPICommunicator(Communicator):
 
     def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
         MPI = self._MPI
-        requests, received = [], {}
+        received = {}
         for m in messages:
             if m.src == self.rank and m.dst == self.rank:
                 received[m] = sends[m]
-            elif m.dst == self.rank:
+        members = tuple(sorted({r for m in messages if m.src != m.dst for r in (m.src, m.dst)}))
+        if self.rank not in members:
+            return received
+        mine = [m for m in messages if m.src != m.dst and self.rank in (m.src, m.dst)]
+        call = self._begin("send_recv", members, None,
+                           (f"{len(messages)} messages",))
+        requests, keep, peers = [], [], set()
+        for m in mine:
+            if m.dst == self.rank:
                 buf = np.empty(m.shape, dtype=m.dtype)
                 received[m] = buf
                 if buf.nbytes:
+                    peers.add(m.src)
                     requests.append(self.world.Irecv([buf.reshape(-1).view(np.uint8), MPI.BYTE],
                                                      source=m.src, tag=m.tag))
-        keep = []
-        for m in messages:
-            if m.src == self.rank and m.dst != self.rank:
+        for m in mine:
+            if m.src == self.rank:
                 data = _bytes(sends[m])
                 keep.append(data)
                 if data.nbytes:
+                    peers.add(m.dst)
                     requests.append(self.world.Isend([data, MPI.BYTE], dest=m.dst, tag=m.tag))
-        MPI.Request.Waitall(requests)
+        self.watchdog.wait(requests, call, sorted(peers))
+        self.watchdog.doing = None
         return received
 
     def all_gather_object(self, group, objs):
         obj = objs[self.rank]
         if len(group) == 1:
             return {self.rank: [obj]}
-        return {self.rank: self._comm(group).allgather(obj)}
+        MPI = self._MPI
+        call = self._begin("all_gather_object", group, None)
+        comm = self._comm(group, call)
+        data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+        lengths = np.empty(len(group), dtype=np.int64)
+        req = comm.Iallgather([np.array([data.size], dtype=np.int64), MPI.INT64_T],
+                              [lengths, MPI.INT64_T])
+        self.watchdog.wait([req], call, [g for g in group if g != self.rank])
+        displs, total = _prefix(lengths.tolist())
+        recv = np.empty(total, dtype=np.uint8)
+        req = comm.Iallgatherv([data, MPI.BYTE], [recv, lengths.tolist(), displs, MPI.BYTE])
+        self._finish([req], call, group)
+        return {self.rank: [pickle.loads(recv[d:d + n].tobytes())
+                            for d, n in zip(displs, lengths.tolist())]}
 
     def barrier(self) -> None:
-        self.world.Barrier()
+        group = tuple(range(self.size))
+        if self.size == 1:
+            return
+        call = self._begin("barrier", group, None)
+        self._finish([self.world.Ibarrier()], call, group)
 
     def abort(self, code: int = 1) -> None:
         self.world.Abort(code)
+
+
+def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
+    """Make an uncaught exception on this rank abort the whole MPI job.
+
+    The hook prints the traceback once, each line prefixed with ``[rank r]``, then calls
+    ``MPI.COMM_WORLD.Abort(1)`` so no other rank is left waiting in a collective (mpiexec
+    then exits non-zero). For a :class:`~ctensor.errors.CollectiveError`, which every rank
+    involved detects, it first waits :data:`ABORT_GRACE_SECONDS`, answering ``watchdog``
+    queries, so those ranks can print their own view. Installed by the runtime when an MPI
+    world of more than one rank starts.
+    """
+    world = comm if comm is not None else _mpi().COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    if getattr(sys.excepthook, "_ctensor_abort", False):
+        return
+
+    def hook(exc_type, exc, tb):
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
+        lines = [f"[rank {rank}] uncaught exception on rank {rank} of {size}; aborting the "
+                 f"MPI job"] + [f"[rank {rank}] {line}" for line in text.rstrip().splitlines()]
+        try:
+            sys.stdout.flush()
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+            if isinstance(exc, CollectiveError):
+                end = time.perf_counter() + ABORT_GRACE_SECONDS
+                while time.perf_counter() < end:
+                    if watchdog is not None:
+                        watchdog.serve_queries()
+                    time.sleep(1e-3)
+        finally:
+            world.Abort(1)
+
+    hook._ctensor_abort = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

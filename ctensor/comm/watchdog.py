@@ -1,0 +1,319 @@
+"""No hangs: timed waits, collective fingerprints and "what are you doing?" queries (MPI).
+
+Every MPI collective of :class:`~ctensor.comm.mpi.MPICommunicator` is started as a
+nonblocking call and completed by :meth:`Watchdog.wait`, which
+
+* spins on ``Test`` for :data:`SPIN_SECONDS` (a small collective never pays a syscall),
+  then keeps testing while yielding the core until :data:`YIELD_SECONDS` (MPI progresses
+  only inside MPI calls, so large transfers must be tested continuously), then sleeps
+  with a doubling delay up to :data:`MAX_SLEEP_SECONDS` between tests;
+* while sleeping, answers other ranks' queries about what this rank is doing;
+* after ``CTENSOR_TIMEOUT`` seconds (default 300) asks the ranks it waits for what they are
+  doing and raises :class:`~ctensor.errors.CommTimeoutError` naming the op, the ranks and
+  their answers, instead of waiting forever.
+
+In debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`) a collective first
+exchanges a fixed-size fingerprint (:class:`Call`: per-group sequence number, collective,
+group, op, boxing step with shape, dtype, SBP and placement) with the other members,
+point-to-point on the world communicator with a reserved tag. Point-to-point needs no
+communicator creation and never matches a collective, so a rank that went elsewhere
+cannot make the exchange hang: its record simply does not arrive before the deadline.
+Members whose records differ raise :class:`~ctensor.errors.DivergenceError` on every
+member, listing what each was doing.
+
+After either error the ranks no longer agree on their collectives; the job cannot go on
+communicating. The error is raised on the ranks that detect it; let it reach the
+excepthook (installed under mpiexec), which aborts the job.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from .. import debug
+from ..errors import CommTimeoutError, DivergenceError
+
+__all__ = ["Call", "Watchdog", "env_timeout", "env_debug", "SPIN_SECONDS",
+           "MAX_SLEEP_SECONDS", "RECORD_BYTES", "DEFAULT_TIMEOUT", "DEBUG_TIMEOUT"]
+
+#: seconds a wait spins on ``Test`` alone (a small collective never pays a syscall)
+SPIN_SECONDS = 2e-4
+#: until this many seconds it keeps testing, yielding the core between tests: MPI makes
+#: progress only inside MPI calls, so a large transfer must be tested continuously, while a
+#: peer that shares the core (more ranks than cores) still gets to run
+YIELD_SECONDS = 1.0
+#: after that it sleeps between tests (a peer is late), doubling up to this many seconds
+MAX_SLEEP_SECONDS = 1e-3
+#: default of ``CTENSOR_TIMEOUT``
+DEFAULT_TIMEOUT = 300.0
+#: default deadline of the fingerprint exchange in debug mode (capped by ``CTENSOR_TIMEOUT``)
+DEBUG_TIMEOUT = 20.0
+#: how long a rank that timed out waits for answers to its queries
+ANSWER_SECONDS = 2.0
+#: fixed size of a fingerprint record / an answer: digest + text
+RECORD_BYTES = 512
+_DIGEST_BYTES = 16
+# reserved point-to-point tags on the world communicator (boxing's exchanges use small tags)
+FINGERPRINT_TAG = 32760
+QUERY_TAG = 32761
+ANSWER_TAG = 32762
+HANDSHAKE_TAG = 32763
+
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+
+def env_timeout() -> float:
+    """``CTENSOR_TIMEOUT`` in seconds (default 300); a bad value is a ``ValueError``."""
+    text = os.environ.get("CTENSOR_TIMEOUT", "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"CTENSOR_TIMEOUT must be a positive number of seconds, got {text!r}; "
+                         f"unset it for the default of {DEFAULT_TIMEOUT:g} s")
+    return value
+
+
+def env_debug() -> bool:
+    """Whether ``CTENSOR_DEBUG`` asks for consistency checks (any value but ``""``/``0``)."""
+    return os.environ.get("CTENSOR_DEBUG", "").strip().lower() not in ("", "0", "false", "no")
+
+
+@dataclass
+class Call:
+    """What one rank is doing in one collective: its fingerprint.
+
+    ``args`` are the arguments every member passes alike (dims, part sizes, reduction);
+    ``shape`` is this rank's buffer shape, compared across members only where the
+    collective needs equal shapes (``same_shape``). ``step`` is the boxing step being run
+    (described only when a message or a fingerprint needs it).
+    """
+
+    seq: int
+    collective: str
+    group: tuple
+    op: str
+    step: Any
+    shape: tuple
+    dtype: str
+    args: tuple = ()
+    same_shape: bool = False
+
+    def key(self) -> str:
+        """The rank-independent part: equal on every member of a consistent call."""
+        shape = self.shape if self.same_shape else ()
+        return (f"{self.seq}|{self.collective}|{self.group}|{self.op}|{self.step_text()}|"
+                f"{self.dtype}|{self.args}|{shape}")
+
+    def describe(self) -> str:
+        """One line for error messages."""
+        where = f" [{self.step_text()}]" if self.step is not None else ""
+        args = f" {', '.join(map(str, self.args))}" if self.args else ""
+        local = f", local buffer {self.shape} {self.dtype}" if self.dtype else ""
+        return (f"collective #{self.seq} on ranks {list(self.group)}: {self.collective}"
+                f"{args} for op {self.op!r}{where}{local}")
+
+    def step_text(self) -> str:
+        return debug.describe_step(self.step) if self.step is not None else ""
+
+    def record(self) -> np.ndarray:
+        """Fixed-size bytes: digest of :meth:`key`, then the (truncated) description."""
+        digest = hashlib.blake2b(self.key().encode(), digest_size=_DIGEST_BYTES).digest()
+        return _pack(digest, self.describe())
+
+
+def _pack(digest: bytes, text: str) -> np.ndarray:
+    out = np.zeros(RECORD_BYTES, dtype=np.uint8)
+    body = text.encode("utf-8", "replace")[:RECORD_BYTES - _DIGEST_BYTES]
+    out[:_DIGEST_BYTES] = np.frombuffer(digest.ljust(_DIGEST_BYTES, b"\0"), dtype=np.uint8)
+    out[_DIGEST_BYTES:_DIGEST_BYTES + len(body)] = np.frombuffer(body, dtype=np.uint8)
+    return out
+
+
+def _unpack(buf: np.ndarray) -> tuple[bytes, str]:
+    raw = buf.tobytes()
+    return raw[:_DIGEST_BYTES], raw[_DIGEST_BYTES:].rstrip(b"\0").decode("utf-8", "replace")
+
+
+class Watchdog:
+    """Timed waits and fingerprint checks of one MPI process (see the module docstring).
+
+    ``world`` is ``MPI.COMM_WORLD`` (or a duplicate); ``timeout`` bounds every wait.
+    """
+
+    def __init__(self, MPI, world, timeout: float, check: bool = False,
+                 check_timeout: float = DEBUG_TIMEOUT):
+        self.MPI = MPI
+        self.world = world
+        self.rank = world.Get_rank()
+        self.timeout = float(timeout)
+        self.check = bool(check)
+        self.check_timeout = float(check_timeout)
+        self.doing: Optional[Call] = None
+        self._inflight: list = []  # (buffer, request) of queries and answers being sent
+        self._query_buf = np.zeros(1, dtype=np.int64)
+
+    # ------------------------------------------------------------------ waiting
+    def wait(self, requests: Sequence, call: Call, waiting_for: Sequence[int],
+             timeout: Optional[float] = None) -> None:
+        """Complete ``requests`` or raise :class:`CommTimeoutError` after ``timeout`` s
+        (default ``CTENSOR_TIMEOUT``); ``waiting_for`` are the ranks named if it expires."""
+        if self._poll(requests, self.timeout if timeout is None else timeout):
+            return
+        raise self._timeout_error(call, waiting_for, self.timeout if timeout is None else
+                                  timeout)
+
+    def _poll(self, requests: Sequence, timeout: float) -> bool:
+        """Test until every request completed (True) or ``timeout`` passed (False)."""
+        testall = self.MPI.Request.Testall
+        if testall(requests):
+            return True
+        now = time.perf_counter
+        start = now()
+        while now() - start < SPIN_SECONDS:
+            if testall(requests):
+                return True
+        yield_until = start + min(YIELD_SECONDS, timeout)
+        while now() < yield_until:
+            if testall(requests):
+                return True
+            _yield()
+        deadline = start + timeout
+        delay = MAX_SLEEP_SECONDS / 64
+        while True:
+            time.sleep(delay)
+            delay = min(2 * delay, MAX_SLEEP_SECONDS)
+            if testall(requests):
+                return True
+            self.serve_queries()
+            if now() > deadline:
+                return testall(requests)
+
+    # ------------------------------------------------------------------ queries
+    def serve_queries(self) -> None:
+        """Answer every pending "what are you doing?" query with this rank's current call."""
+        MPI = self.MPI
+        status = MPI.Status()
+        while self.world.Iprobe(source=MPI.ANY_SOURCE, tag=QUERY_TAG, status=status):
+            source = status.Get_source()
+            self.world.Recv([self._query_buf, MPI.INT64_T], source=source, tag=QUERY_TAG)
+            text = self.doing.describe() if self.doing is not None else \
+                "not inside a ctensor collective"
+            answer = _pack(b"", text)
+            self._inflight.append((answer, self.world.Isend([answer, MPI.BYTE], dest=source,
+                                                            tag=ANSWER_TAG)))
+        if self._inflight:
+            self._inflight = [(buf, req) for buf, req in self._inflight if not req.Test()]
+
+    def ask(self, ranks: Sequence[int]) -> dict:
+        """``{rank: what it says it is doing, or None if it did not answer}``, waiting at
+        most :data:`ANSWER_SECONDS` (a rank answers while it waits inside a collective)."""
+        MPI = self.MPI
+        token = np.array([self.rank], dtype=np.int64)
+        pending, bufs = {}, {}
+        for r in ranks:
+            try:
+                self._inflight.append(
+                    (token, self.world.Isend([token, MPI.INT64_T], dest=r, tag=QUERY_TAG)))
+                bufs[r] = np.zeros(RECORD_BYTES, dtype=np.uint8)
+                pending[r] = self.world.Irecv([bufs[r], MPI.BYTE], source=r, tag=ANSWER_TAG)
+            except MPI.Exception:  # the rank is gone (finished or failed)
+                continue
+        deadline = time.perf_counter() + ANSWER_SECONDS
+        answers = {r: None for r in ranks}
+        while pending and time.perf_counter() < deadline:
+            self.serve_queries()
+            for r, req in list(pending.items()):
+                try:
+                    done = req.Test()
+                except MPI.Exception:
+                    done, bufs[r] = True, None
+                if done:
+                    del pending[r]
+                    answers[r] = None if bufs[r] is None else _unpack(bufs[r])[1]
+            time.sleep(1e-3)
+        for req in pending.values():
+            try:
+                req.Cancel()
+            except MPI.Exception:
+                pass
+        return answers
+
+    def _timeout_error(self, call: Call, waiting_for: Sequence[int],
+                       timeout: float) -> CommTimeoutError:
+        answers = self.ask(list(waiting_for))
+        lines = [f"rank {self.rank} waited {timeout:g} s (CTENSOR_TIMEOUT) in "
+                 f"{call.describe()}; the ranks {list(waiting_for)} did not complete it:"]
+        lines += [f"  rank {r}: " + (text if text is not None else
+                                     "no answer (finished, failed, or busy outside ctensor "
+                                     "collectives)") for r, text in answers.items()]
+        lines.append("The ranks ran different collectives or one of them is stuck; the job "
+                     "cannot continue safely and will be aborted. Set CTENSOR_DEBUG=1 to "
+                     "compare every collective's fingerprint across ranks.")
+        return CommTimeoutError("\n".join(lines))
+
+    # ------------------------------------------------------------------ fingerprints
+    def verify(self, call: Call, members: Sequence[int]) -> None:
+        """Debug mode: exchange ``call``'s fingerprint with the other ``members`` and raise
+        :class:`DivergenceError` (on every member) if any differs."""
+        MPI = self.MPI
+        peers = [m for m in members if m != self.rank]
+        if not peers:
+            return
+        mine = call.record()
+        bufs = {p: np.empty(RECORD_BYTES, dtype=np.uint8) for p in peers}
+        recvs = {p: self.world.Irecv([bufs[p], MPI.BYTE], source=p, tag=FINGERPRINT_TAG)
+                 for p in peers}
+        sends = [self.world.Isend([mine, MPI.BYTE], dest=p, tag=FINGERPRINT_TAG) for p in peers]
+        limit = min(self.check_timeout, self.timeout)
+        if not self._poll(list(recvs.values()) + sends, limit):
+            missing = [p for p, req in recvs.items() if not req.Test()]
+            answers = self.ask(missing)
+            if not all(req.Test() for req in recvs.values()):  # not merely late
+                raise self._missing_error(call, answers, limit)
+            self.wait(sends, call, peers)
+        records = {p: _unpack(bufs[p]) for p in peers}
+        digest, _ = _unpack(mine)
+        if all(d == digest for d, _ in records.values()):
+            return
+        texts = {self.rank: call.describe(), **{p: t for p, (_, t) in records.items()}}
+        lines = [f"ranks {list(members)} reached different collectives (seen from rank "
+                 f"{self.rank}):"]
+        lines += [f"  rank {r}: {texts[r]}" for r in sorted(texts)]
+        lines.append("Every rank of a placement must run the same ops on the same global "
+                     "tensors in the same order (look for rank-dependent branches before "
+                     "this op); the job cannot continue and will be aborted.")
+        raise DivergenceError("\n".join(lines))
+
+    def _missing_error(self, call: Call, answers: dict, limit: float) -> Exception:
+        missing = list(answers)
+        elsewhere = {r: t for r, t in answers.items() if t is not None}
+        lines = [f"rank {self.rank} is at {call.describe()}; within {limit:g} s the ranks "
+                 f"{missing} did not reach it:"]
+        lines += [f"  rank {r}: " + (t if t is not None else
+                                     "no answer (finished, failed, or busy outside ctensor "
+                                     "collectives)") for r, t in answers.items()]
+        lines.append("Every rank of a placement must run the same ops in the same order; the "
+                     "job cannot continue and will be aborted.")
+        error = DivergenceError if elsewhere else CommTimeoutError
+        return error("\n".join(lines))
+
+    def handshake(self, members: Sequence[int], call: Call) -> None:
+        """Timed meeting of ``members`` (before a blocking communicator creation)."""
+        MPI = self.MPI
+        peers = [m for m in members if m != self.rank]
+        token = np.array([self.rank], dtype=np.int64)
+        bufs = {p: np.empty(1, dtype=np.int64) for p in peers}
+        reqs: list[Any] = [self.world.Irecv([bufs[p], MPI.INT64_T], source=p, tag=HANDSHAKE_TAG)
+                           for p in peers]
+        reqs += [self.world.Isend([token, MPI.INT64_T], dest=p, tag=HANDSHAKE_TAG) for p in peers]
+        self.wait(reqs, call, peers)
