@@ -151,6 +151,11 @@ def current_device() -> int:
 
 def backend() -> str:
     """How ``cuda`` placements communicate in the world in force: ``"simulated"`` (one
-    process: in-process CuPy maths), ``"nccl"`` or ``"host-staged"`` (MPI mode)."""
+    process: in-process CuPy maths), ``"nccl"`` or ``"host-staged"`` (MPI mode; the first
+    call there is collective, as it makes the choice).
+
+    >>> ct.cuda.backend()
+    'simulated'
+    """
     comm = runtime.world().comm_for("cuda")
     return getattr(comm, "backend_name", "simulated")
