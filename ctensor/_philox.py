@@ -34,16 +34,20 @@ Box-Muller on a pair (``N`` in ``[1, 2^B]``, ``V`` in ``[0, 2^B)``) with only IE
   (atanh series), and ``r = sqrt(-2 ln u1)``;
 * ``k = V >> (B-1)`` (half turn), ``t = pi * ((V mod 2^(B-1)) - 2^(B-2)) * 2^-(B-1)`` in
   ``[-pi/2, pi/2)``; ``sin t = t * S(t^2)``, ``cos t = C(t^2)`` (Taylor, Horner form);
+* series lengths (P, S, C): 5, 7, 8 terms for float32/float16, 11, 11, 12 for float64;
 * cosine element ``(1 - 2k) r * cos t``, sine element ``(1 - 2k) r * sin t`` (the point at
   angle ``t + k pi`` on the circle of radius ``r``): exactly two independent N(0, 1).
 
 Polynomials are evaluated as ``p = x*c[n-1]; p = p + c[n-2]; p = p*x; p = p + c[n-3] ...``,
 each step rounded (no fused multiply-add). float32 (and float16) results are the double
 result rounded to float32 (then to float16). :data:`CUDA_SOURCE` is the same arithmetic
-as a CuPy ElementwiseKernel, compiled with ``--fmad=false``.
+as CuPy ElementwiseKernels (compiled with ``--fmad=false``) that :func:`cuda_fill` runs for
+``cuda`` placements; tests/test_random.py builds that source for the host with g++ and
+checks it against NumPy bit for bit (no GPU was available when it was written).
 """
 from __future__ import annotations
 
+import enum
 import math
 from math import factorial
 
@@ -61,8 +65,8 @@ _SHIFT32 = np.uint64(32)
 _MULTIPLIERS = np.array([[M0], [M1]], dtype=np.uint64)
 
 
-class Kind:
-    """What a call draws: the names used by :func:`fill_blocks` and the CUDA kernel."""
+class Kind(enum.IntEnum):
+    """What a call draws (selects the row of the module doc's table and the CUDA kernel)."""
 
     UNIFORM = 0
     NORMAL = 1
@@ -350,7 +354,7 @@ def cuda_fill(xp, idx, dtype, kind: int, seed: int, call: int, low: int = 0,
     if kind not in _kernel_cache:
         _kernel_cache[kind] = xp.ElementwiseKernel(
             "uint64 idx, uint32 k0, uint32 k1, uint32 c2, uint32 c3, uint64 low, uint64 span",
-            "T out", CUDA_SOURCE[kind], f"ctensor_philox_{kind}", preamble=CUDA_PREAMBLE,
+            "T out", CUDA_SOURCE[kind], f"ctensor_philox_{Kind(kind).name.lower()}", preamble=CUDA_PREAMBLE,
             options=("--fmad=false",))
     out = xp.empty(idx.shape, dtype=dtype)
     u32 = np.uint32

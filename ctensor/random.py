@@ -52,7 +52,7 @@ class _Generator:
 _generator = _Generator(DEFAULT_SEED)
 
 
-def _check_uint64(fn: str, arg: str, value) -> int:
+def _check_int(fn: str, arg: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{fn}: argument '{arg}' must be an int, got {value!r} "
                         f"({type(value).__name__})")
@@ -66,7 +66,7 @@ def manual_seed(seed: int) -> None:
 
     >>> ct.manual_seed(1234)
     """
-    _generator.seed = _check_uint64("manual_seed", "seed", seed) % _UINT64
+    _generator.seed = _check_int("manual_seed", "seed", seed) % _UINT64
     _generator.counter = 0
 
 
@@ -91,7 +91,7 @@ def set_state(state: dict) -> None:
                         f"'counter' (from ct.random.get_state()), got {state!r}")
     values = {}
     for name in ("seed", "counter"):
-        v = _check_uint64("set_state", f"state[{name!r}]", state[name])
+        v = _check_int("set_state", f"state[{name!r}]", state[name])
         if not 0 <= v < _UINT64:
             raise ValueError(f"set_state: state[{name!r}] must be in [0, 2**64), got {v}")
         values[name] = v
@@ -241,8 +241,8 @@ def randint(low, high=None, size=None, placement=None, sbp=None, dtype=None,
             raise TypeError(f"{fn}: argument 'size' is missing; call randint(low, high, size) "
                             f"or randint(high, size) with size a tuple, got high={high!r}")
         low, high, size = 0, low, high
-    low = _check_uint64(fn, "low", low)
-    high = _check_uint64(fn, "high", high)
+    low = _check_int(fn, "low", low)
+    high = _check_int(fn, "high", high)
     if low >= high:
         raise ValueError(f"{fn}: needs low < high, got low={low}, high={high}")
     shape = tuple(size) if isinstance(size, (tuple, list)) else (size,)
