@@ -354,8 +354,8 @@ def cuda_fill(xp, idx, dtype, kind: int, seed: int, call: int, low: int = 0,
     if kind not in _kernel_cache:
         _kernel_cache[kind] = xp.ElementwiseKernel(
             "uint64 idx, uint32 k0, uint32 k1, uint32 c2, uint32 c3, uint64 low, uint64 span",
-            "T out", CUDA_SOURCE[kind], f"ctensor_philox_{Kind(kind).name.lower()}", preamble=CUDA_PREAMBLE,
-            options=("--fmad=false",))
+            "T out", CUDA_SOURCE[kind], f"ctensor_philox_{Kind(kind).name.lower()}",
+            preamble=CUDA_PREAMBLE, options=("--fmad=false",))
     out = xp.empty(idx.shape, dtype=dtype)
     u32 = np.uint32
     _kernel_cache[kind](idx, u32(seed & 0xFFFFFFFF), u32(seed >> 32), u32(call & 0xFFFFFFFF),

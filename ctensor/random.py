@@ -18,8 +18,6 @@ True
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from ._philox import Kind, Scratch, cuda_fill, elements_per_block, fill_blocks, philox4x32

@@ -216,11 +216,12 @@ def test_cuda_kernel_source_gives_the_same_bits_on_the_host():
         seed, call, low, span = 2 ** 40 + 17, 2 ** 35 + 9, -7, 1000
         for n, (kind, dtype, _) in enumerate(_HOST_CASES):
             out = np.empty(idx.shape, dtype)
-            ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-            getattr(so, f"k{n}")(ptr(idx), ctypes.c_long(idx.size), ctypes.c_uint(seed & 0xFFFFFFFF),
-                                 ctypes.c_uint(seed >> 32), ctypes.c_uint(call & 0xFFFFFFFF),
-                                 ctypes.c_uint(call >> 32), ctypes.c_ulonglong(low % 2 ** 64),
-                                 ctypes.c_ulonglong(span), ptr(out))
+            getattr(so, f"k{n}")(
+                idx.ctypes.data_as(ctypes.c_void_p), ctypes.c_long(idx.size),
+                ctypes.c_uint(seed & 0xFFFFFFFF), ctypes.c_uint(seed >> 32),
+                ctypes.c_uint(call & 0xFFFFFFFF), ctypes.c_uint(call >> 32),
+                ctypes.c_ulonglong(low % 2 ** 64), ctypes.c_ulonglong(span),
+                out.ctypes.data_as(ctypes.c_void_p))
             want = region(kind, shape, box, dtype, (seed, call), low=low, span=span)
             assert same_bits(out, want), (kind, dtype)
     finally:
