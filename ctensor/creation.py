@@ -31,7 +31,11 @@ def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
         raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
                         f"{placement!r} ({type(placement).__name__})")
     placement.check_world(world().size, fn)
-    shape = tuple(shape)
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        raise TypeError(f"{fn}: argument 'shape' must be a sequence of non-negative ints, got "
+                        f"{shape!r} ({type(shape).__name__})") from None
     for n in shape:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"{fn}: argument 'shape' must hold non-negative ints, got "
@@ -44,6 +48,9 @@ def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
         dtype = np.dtype(get_default_dtype() if dtype is None else dtype)
     except TypeError as exc:
         raise TypeError(f"{fn}: argument 'dtype' is not a dtype: {dtype!r}") from exc
+    if dtype.kind not in "biufc":
+        raise TypeError(f"{fn}: argument 'dtype' must be a bool, integer, floating or complex "
+                        f"dtype, got {dtype}")
     return Layout(shape, dtype, placement, sbp)
 
 
@@ -76,6 +83,9 @@ def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Ten
 
 
 def _check_grad(fn: str, dtype: np.dtype, requires_grad: bool) -> None:
+    if not isinstance(requires_grad, (bool, np.bool_)):
+        raise TypeError(f"{fn}: argument 'requires_grad' must be True or False, got "
+                        f"{requires_grad!r} ({type(requires_grad).__name__})")
     if requires_grad and dtype.kind not in "fc":
         raise ValueError(f"{fn}: requires_grad=True needs a floating dtype, got {dtype}")
 
@@ -91,12 +101,22 @@ def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
         raise TypeError("tensor: argument 'data' is already a ct.Tensor; use "
                         "x.to_global(placement, sbp) or x.to(dtype)")
     src = data.get() if type(data).__module__.startswith("cupy") else data
-    if dtype is None and not isinstance(src, (np.ndarray, np.generic)):
-        arr = np.asarray(src)
-        if arr.dtype.kind == "f":
-            arr = arr.astype(get_default_dtype())
-    else:
-        arr = np.asarray(src, dtype=dtype)
+    if dtype is not None:
+        try:
+            dtype = np.dtype(dtype)
+        except TypeError as exc:
+            raise TypeError(f"tensor: argument 'dtype' is not a dtype: {dtype!r}") from exc
+    try:
+        if dtype is None and not isinstance(src, (np.ndarray, np.generic)):
+            arr = np.asarray(src)
+            if arr.dtype.kind == "f":
+                arr = arr.astype(get_default_dtype())
+        else:
+            arr = np.asarray(src, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise ValueError(f"tensor: argument 'data' must be a number, a rectangular nested list "
+                         f"or an array convertible to dtype {dtype}, got "
+                         f"{type(data).__name__} ({exc})") from None
     if arr.dtype == object or arr.dtype.kind in "USV":
         raise TypeError(f"tensor: argument 'data' must be numeric (a number, nested list or "
                         f"array), got dtype {arr.dtype}")
@@ -141,7 +161,11 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
     else:
         arrays = {held[0]: local} if held else {}
     xp = array_module(placement.device)
-    arrays = {r: xp.asarray(a) for r, a in arrays.items()}
+    try:
+        arrays = {r: xp.asarray(a) for r, a in arrays.items()}
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{fn}: argument 'local' must be an array (or a {{rank: array}} "
+                         f"mapping) per rank, got an invalid value ({exc})") from None
     # every rank of the world learns every shard's shape and dtype, so all of them (those
     # outside the placement too) build the same layout and raise the same errors
     meta = {r: ((tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
@@ -198,11 +222,19 @@ def _full(fn, size, fill_value, placement, sbp, dtype, requires_grad) -> Tensor:
         else:
             raise TypeError(f"{fn}: missing argument 'fill_value'")
     shape = _shape_args(fn, size)
+    if not isinstance(fill_value, (bool, int, float, complex, np.number, np.bool_)):
+        raise TypeError(f"{fn}: argument 'fill_value' must be a number, got {fill_value!r} "
+                        f"({type(fill_value).__name__})")
     if dtype is None:
         dtype = (np.dtype(bool) if isinstance(fill_value, bool) else
                  np.dtype(np.int64) if isinstance(fill_value, int) else None)
     layout = resolve(fn, shape, placement, sbp, dtype)
     _check_grad(fn, layout.dtype, requires_grad)
+    try:
+        np.full((), fill_value, dtype=layout.dtype)
+    except (OverflowError, ValueError, TypeError) as exc:
+        raise ValueError(f"{fn}: argument 'fill_value' {fill_value!r} does not fit dtype "
+                         f"{layout.dtype} ({exc})") from None
     return generate(layout, lambda xp, box, dt: xp.full(tuple(b - a for a, b in box),
                                                         fill_value, dtype=dt), requires_grad)
 
@@ -229,6 +261,14 @@ def arange(start, end=None, step=1, placement=None, sbp=None, dtype=None,
     """``start, start+step, ...`` below ``end`` (``ct.arange(10, sbp=ct.sbp.split(0))``)."""
     if end is None:
         start, end = 0, start
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                                  np.floating)):
+            raise TypeError(f"arange: argument {name!r} must be a real number, got {v!r} "
+                            f"({type(v).__name__})")
+        if (isinstance(v, int) and abs(v) >= 2**63) or not np.isfinite(float(v)):
+            raise ValueError(f"arange: argument {name!r} must be finite and fit int64, got "
+                             f"{v!r}")
     if step == 0:
         raise ValueError("arange: argument 'step' must be non-zero")
     n = max(0, int(np.ceil((end - start) / step)))

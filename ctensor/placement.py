@@ -49,9 +49,9 @@ class Placement:
             if isinstance(r, bool) or not isinstance(r, (int, np.integer)):
                 raise TypeError(f"placement: argument 'ranks' must hold ints forming a "
                                 f"rectangular mesh, got {ranks!r}")
-            if r < 0:
-                raise ValueError(f"placement: argument 'ranks' holds negative rank {r}; ranks "
-                                 f"are 0..world_size-1")
+            if r < 0 or r >= 2**31:
+                raise ValueError(f"placement: argument 'ranks' holds rank {r}; ranks are "
+                                 f"0..world_size-1")
         flat = [int(r) for r in flat]
         if len(set(flat)) != len(flat):
             dup = sorted({r for r in flat if flat.count(r) > 1})
