@@ -221,7 +221,10 @@ class MPICommunicator(Communicator):
         rdispls, rtotal = _prefix(recv_counts)
         recv = np.empty(rtotal, dtype=np.uint8)
         comm = self._comm(group, call)
-        if len(set(send_counts + recv_counts)) == 1:  # even parts: Alltoall beats Alltoallv
+        # even parts: Alltoall beats Alltoallv. Decide from the group-wide sizes, never from
+        # this rank's own counts: a rank whose counts happen to be all equal (all empty, say)
+        # must not pick a different collective from the others
+        if len(set(split_sizes)) == 1 and len(set(concat_sizes)) == 1:
             req = comm.Ialltoall([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
         else:
             req = comm.Ialltoallv([send, send_counts, sdispls, self._MPI.BYTE],
