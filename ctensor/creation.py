@@ -145,6 +145,29 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
                         f"{placement!r} ({type(placement).__name__})")
     placement.check_world(w.size, fn)
     held = [r for r in w.held_ranks if r in placement]
+    try:
+        arrays, problem = _local_arrays(fn, local, w, held, array_module(placement.device)), None
+    except (ValueError, TypeError) as exc:  # this rank's 'local' alone may be bad: report it
+        arrays, problem = {}, exc            # in the gather below, so no rank is left waiting
+    # every rank of the world learns every shard's shape and dtype, so all of them (those
+    # outside the placement too) build the same layout and raise the same errors
+    meta = {r: (f"{type(problem).__name__}: {problem}" if problem is not None else
+                (tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
+            for r in w.held_ranks}
+    world_ranks = tuple(range(w.size))
+    listing = next(iter(w.comm.all_gather_object(world_ranks, meta).values()))
+    failed = {r: m for r, m in zip(world_ranks, listing) if isinstance(m, str)}
+    if problem is not None:
+        raise problem
+    if failed:
+        raise ValueError(f"{fn}: ranks {sorted(failed)} passed an invalid argument 'local' "
+                         f"({next(iter(failed.values()))}); every rank must pass its shard")
+    everyone = {r: m for r, m in zip(world_ranks, listing) if r in placement}
+    return _assemble(fn, arrays, everyone, placement, sbp, shape)
+
+
+def _local_arrays(fn, local, w, held, xp) -> dict:
+    """This process's ``{rank: array}`` from the ``local`` argument of :func:`from_local`."""
     if isinstance(local, dict):
         missing = [r for r in held if r not in local]
         extra = [r for r in local if r not in held]
@@ -160,20 +183,11 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
         raise ValueError(f"{fn}: rank {held[0]} is in the placement but passed local=None")
     else:
         arrays = {held[0]: local} if held else {}
-    xp = array_module(placement.device)
     try:
-        arrays = {r: xp.asarray(a) for r, a in arrays.items()}
+        return {r: xp.asarray(a) for r, a in arrays.items()}
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{fn}: argument 'local' must be an array (or a {{rank: array}} "
                          f"mapping) per rank, got an invalid value ({exc})") from None
-    # every rank of the world learns every shard's shape and dtype, so all of them (those
-    # outside the placement too) build the same layout and raise the same errors
-    meta = {r: ((tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
-            for r in w.held_ranks}
-    world_ranks = tuple(range(w.size))
-    listing = next(iter(w.comm.all_gather_object(world_ranks, meta).values()))
-    everyone = {r: m for r, m in zip(world_ranks, listing) if r in placement}
-    return _assemble(fn, arrays, everyone, placement, sbp, shape)
 
 
 def _assemble(fn, arrays, everyone, placement, sbp, shape) -> Tensor:

@@ -323,12 +323,14 @@ def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
             sys.stdout.flush()
             sys.stderr.write("\n".join(lines) + "\n")
             sys.stderr.flush()
-            if isinstance(exc, CollectiveError):
-                end = time.perf_counter() + ABORT_GRACE_SECONDS
-                while time.perf_counter() < end:
-                    if watchdog is not None:
-                        watchdog.serve_queries()
-                    time.sleep(1e-3)
+            # the launcher forwards output through pipes: give it a moment to drain them (and
+            # the other ranks time to report a disagreement they detect too)
+            grace = ABORT_GRACE_SECONDS if isinstance(exc, CollectiveError) else 0.2
+            end = time.perf_counter() + grace
+            while time.perf_counter() < end:
+                if watchdog is not None:
+                    watchdog.serve_queries()
+                time.sleep(1e-3)
         finally:
             world.Abort(1)
 

@@ -1,0 +1,321 @@
+"""No hangs: timed waits, fingerprints, abort on an uncaught exception.
+
+* Under ``mpiexec -n 2`` (subprocesses, each bounded by a 60 s timeout): a rank that skips a
+  ``to_global`` gives ``DivergenceError`` on both ranks in debug mode and
+  ``CommTimeoutError`` without it; a rank that raises aborts the job in seconds; a pytest run
+  where one rank's assertion fails ends. These spawn mpiexec themselves, so they are skipped
+  when the suite already runs under mpiexec.
+* The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers) on a
+  fake in-memory network of two ranks in threads, so it runs in every mode.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+from ctensor.comm import watchdog as wd
+from conftest import MPI_MODE
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "mpi_scripts"
+needs_launcher = pytest.mark.skipif(MPI_MODE, reason="spawns mpiexec itself")
+
+
+def _mpiexec() -> str:
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_mpi(args: list, nprocs: int = 2, **env) -> tuple[subprocess.CompletedProcess, float]:
+    """``mpiexec -n nprocs python args...`` with a clean ctensor environment plus ``env``;
+    returns the finished process (stdout and stderr merged) and its wall time."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CTENSOR_")}
+    environ.update(PYTHONUNBUFFERED="1", **env)
+    start = time.monotonic()
+    proc = subprocess.run([_mpiexec(), "-n", str(nprocs), sys.executable, *map(str, args)],
+                          cwd=ROOT, env=environ, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=60)
+    return proc, time.monotonic() - start
+
+
+# ----------------------------------------------------------------------------- under mpiexec
+@needs_launcher
+def test_skipped_to_global_is_a_divergence_error_on_both_ranks_in_debug_mode():
+    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_DEBUG="1")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 30, out
+    for rank in (0, 1):
+        assert f"[rank {rank}] ctensor.errors.DivergenceError" in out, out
+    # each rank names what both were doing: rank 0 the all-gather, rank 1 the sends
+    assert "all_gather" in out and "send_recv" in out, out
+    assert "finished without an error" not in out
+
+
+@needs_launcher
+def test_skipped_to_global_times_out_without_debug_mode():
+    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_TIMEOUT="3")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 30, out
+    assert "[rank 0] ctensor.errors.CommTimeoutError" in out, out
+    # rank 0's message names the op, the rank it waited for, and that rank's answer
+    assert "all_gather" in out and "the ranks [1] did not complete it" in out, out
+    assert "send_recv" in out, out
+    assert "finished without an error" not in out
+
+
+@needs_launcher
+def test_exception_on_one_rank_aborts_the_job():
+    proc, elapsed = run_mpi([SCRIPTS / "raise_on_rank0.py"])
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 30, out
+    assert "[rank 0] ValueError: rank 0 fails on purpose" in out, out
+    assert out.count("Traceback (most recent call last)") == 1, out
+    assert "rank 1 was not aborted" not in out
+
+
+@needs_launcher
+def test_failing_assertion_on_one_rank_ends_the_pytest_run(tmp_path):
+    (tmp_path / "test_one_rank_fails.py").write_text(
+        "import ctensor as ct\n\n"
+        "def test_fails_on_rank_1():\n"
+        "    x = ct.ones(4, 3, sbp=ct.sbp.split(0))\n"
+        "    assert ct.rank() != 1, 'rank 1 fails on purpose'\n"
+        "    x.to_global(sbp=ct.sbp.split(1))  # rank 0 waits here for rank 1\n\n"
+        "def test_after():\n"
+        "    pass\n")
+    # tests/conftest.py (with its abort-on-failure hook) loaded as a plugin: a conftest is
+    # not picked up from a directory outside tests/
+    proc, elapsed = run_mpi(["-m", "pytest", tmp_path / "test_one_rank_fails.py", "-q",
+                             "-p", "conftest", "-p", "no:cacheprovider",
+                             "--rootdir", tmp_path],
+                            PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 30, out
+    assert "[rank 1] FAILED" in out and "rank 1 fails on purpose" in out, out
+
+
+# ----------------------------------------------------------------------------- fake network
+class _Request:
+    def __init__(self, test=lambda: True):
+        self._test, self._done = test, False
+
+    def Test(self) -> bool:
+        self._done = self._done or self._test()
+        return self._done
+
+    def Cancel(self) -> None:
+        self._test = lambda: False
+
+
+class _Status:
+    source = -1
+
+    def Get_source(self) -> int:
+        return self.source
+
+
+class _FakeMPI:
+    """The few names of ``mpi4py.MPI`` that the watchdog uses."""
+
+    ANY_SOURCE, BYTE, INT64_T = -1, "byte", "int64"
+    Status, Exception = _Status, RuntimeError
+
+    class Request:
+        @staticmethod
+        def Testall(requests) -> bool:
+            return all([r.Test() for r in requests])
+
+
+class _Net:
+    """In-memory point-to-point messages between ranks (thread-safe)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.queues: dict = {}
+
+    def world(self, rank: int) -> "_World":
+        return _World(self, rank)
+
+
+class _World:
+    def __init__(self, net: _Net, rank: int):
+        self.net, self.rank = net, rank
+
+    def Get_rank(self) -> int:
+        return self.rank
+
+    def Isend(self, spec, dest, tag):
+        with self.net.lock:
+            self.net.queues.setdefault((self.rank, dest, tag), []).append(np.array(spec[0]))
+        return _Request()
+
+    def _take(self, buf, source, tag) -> bool:
+        with self.net.lock:
+            queue = self.net.queues.get((source, self.rank, tag))
+            if not queue:
+                return False
+            data = queue.pop(0)
+        buf.reshape(-1).view(np.uint8)[:data.nbytes] = data.reshape(-1).view(np.uint8)
+        return True
+
+    def Irecv(self, spec, source, tag):
+        return _Request(lambda: self._take(spec[0], source, tag))
+
+    def Recv(self, spec, source, tag):
+        while not self._take(spec[0], source, tag):
+            time.sleep(1e-4)
+
+    def Iprobe(self, source, tag, status) -> bool:
+        with self.net.lock:
+            for (src, dst, t), queue in self.net.queues.items():
+                if dst == self.rank and t == tag and queue and source in (src, -1):
+                    status.source = src
+                    return True
+        return False
+
+
+def _watchdog(net: _Net, rank: int, **kw) -> wd.Watchdog:
+    kw.setdefault("timeout", 5.0)
+    kw.setdefault("check", True)
+    return wd.Watchdog(_FakeMPI, net.world(rank), **kw)
+
+
+def _call(seq=1, collective="all_gather", op="to_global", shape=(2, 3), args=("dim 0",)):
+    return wd.Call(seq, collective, (0, 1), op, None, shape, "float32", args)
+
+
+def _in_threads(*bodies) -> list:
+    """Run one body per rank in threads; each result is its return value or exception."""
+    results = [None] * len(bodies)
+
+    def run(i):
+        try:
+            results[i] = bodies[i]()
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            results[i] = exc
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    """Short phases so that the fake-network tests take milliseconds."""
+    monkeypatch.setattr(wd, "YIELD_SECONDS", 0.01)
+    monkeypatch.setattr(wd, "ANSWER_SECONDS", 0.5)
+
+
+def test_matching_fingerprints_pass(fast):
+    net = _Net()
+    results = _in_threads(lambda: _watchdog(net, 0).verify(_call(shape=(2, 3)), (0, 1)),
+                          lambda: _watchdog(net, 1).verify(_call(shape=(1, 3)), (0, 1)))
+    assert results == [None, None]  # local shapes may differ in an all-gather
+
+
+def test_different_fingerprints_raise_on_every_rank(fast):
+    net = _Net()
+    results = _in_threads(
+        lambda: _watchdog(net, 0).verify(_call(collective="all_gather"), (0, 1)),
+        lambda: _watchdog(net, 1).verify(_call(collective="all_to_all"), (0, 1)))
+    for rank, exc in enumerate(results):
+        assert isinstance(exc, ct.DivergenceError), exc
+        text = str(exc)
+        assert f"seen from rank {rank}" in text
+        assert "rank 0: collective #1" in text and "all_gather" in text
+        assert "rank 1: collective #1" in text and "all_to_all" in text
+
+
+def test_sequence_numbers_and_reduction_shapes_are_compared(fast):
+    net = _Net()
+    results = _in_threads(lambda: _watchdog(net, 0).verify(_call(seq=3), (0, 1)),
+                          lambda: _watchdog(net, 1).verify(_call(seq=4), (0, 1)))
+    assert all(isinstance(r, ct.DivergenceError) for r in results)
+    a = wd.Call(1, "all_reduce", (0, 1), "add", None, (2, 3), "float32", ("sum",), True)
+    b = wd.Call(1, "all_reduce", (0, 1), "add", None, (3, 3), "float32", ("sum",), True)
+    assert a.key() != b.key()
+
+
+def test_missing_rank_that_answers_is_a_divergence(fast):
+    """Rank 1 is inside another collective (answering queries); rank 0's fingerprint
+    exchange times out and names what rank 1 says it is doing."""
+    net = _Net()
+    stop = threading.Event()
+    other = _watchdog(net, 1)
+    other.doing = _call(seq=7, collective="all_reduce", op="matmul")
+
+    def rank1():  # waits in a collective that never completes until rank 0 is done
+        other._poll([_Request(stop.is_set)], 10.0)
+
+    def rank0():
+        try:
+            _watchdog(net, 0, check_timeout=0.2).verify(_call(), (0, 1))
+        finally:
+            stop.set()
+    exc, _ = _in_threads(rank0, rank1)
+    assert isinstance(exc, ct.DivergenceError), exc
+    assert "did not reach it" in str(exc)
+    assert "rank 1: collective #7" in str(exc) and "matmul" in str(exc)
+
+
+def test_missing_rank_that_never_answers_is_a_timeout(fast):
+    net = _Net()
+    with pytest.raises(ct.CommTimeoutError, match=r"ranks \[1\] did not reach it"):
+        _watchdog(net, 0, check_timeout=0.1).verify(_call(), (0, 1))
+
+
+def test_wait_times_out_naming_op_and_ranks(fast):
+    net = _Net()
+    start = time.monotonic()
+    with pytest.raises(ct.CommTimeoutError) as info:
+        _watchdog(net, 0, timeout=0.1).wait([_Request(lambda: False)], _call(op="softmax"),
+                                            [1])
+    assert time.monotonic() - start < 5
+    text = str(info.value)
+    assert "waited 0.1 s" in text and "softmax" in text and "ranks [1]" in text
+    assert "rank 1: no answer" in text
+
+
+def test_wait_returns_when_requests_complete(fast):
+    net = _Net()
+    ticks = iter(range(1000))
+    _watchdog(net, 0, timeout=5).wait([_Request(lambda: next(ticks) > 50)], _call(), [1])
+
+
+def test_records_have_a_fixed_size_and_round_trip():
+    call = _call(args=("x" * 2000,))
+    record = call.record()
+    assert record.shape == (wd.RECORD_BYTES,) and record.dtype == np.uint8
+    digest, text = wd._unpack(record)
+    assert len(digest) == 16 and text.startswith("collective #1 on ranks [0, 1]: all_gather")
+    assert call.describe().startswith(text[:100])
+
+
+def test_environment_settings(monkeypatch):
+    monkeypatch.delenv("CTENSOR_TIMEOUT", raising=False)
+    assert wd.env_timeout() == wd.DEFAULT_TIMEOUT
+    monkeypatch.setenv("CTENSOR_TIMEOUT", "2.5")
+    assert wd.env_timeout() == 2.5
+    for bad in ("0", "-1", "soon"):
+        monkeypatch.setenv("CTENSOR_TIMEOUT", bad)
+        with pytest.raises(ValueError, match="CTENSOR_TIMEOUT"):
+            wd.env_timeout()
+    for value, expected in (("1", True), ("0", False), ("", False), ("yes", True)):
+        monkeypatch.setenv("CTENSOR_DEBUG", value)
+        assert wd.env_debug() is expected
