@@ -206,7 +206,11 @@ def main(a) -> list:
     elapsed = time.perf_counter() - t_start
     if bar is not None:
         bar.close()
+    peak_mib = peak_memory_per_rank()
     if log_file:
+        log_file.write(json.dumps({"summary": True, "steps": len(history),
+                                   "tokens_per_s": len(history) * a.global_batch * a.seq_len
+                                   / max(elapsed, 1e-9), "peak_mib_per_rank": peak_mib}) + "\n")
         log_file.close()
     if a.save:
         state = {"model": {}, "optim": optimizer.state_dict(), "step": a.steps,
@@ -218,7 +222,7 @@ def main(a) -> list:
         steps_run = len(history)
         print(f"done {config_name(a)}: {steps_run} steps, loss {history[0]:.4f} -> "
               f"{history[-1]:.4f}, {steps_run * a.global_batch * a.seq_len / elapsed:,.0f} "
-              f"tokens/s")
+              f"tokens/s, peak memory per rank {peak_mib} MiB")
     if a.plot and rank0 and history:
         try:
             import matplotlib
@@ -235,6 +239,18 @@ def main(a) -> list:
             fig.tight_layout()
             fig.savefig(a.plot, dpi=100)
     return history
+
+
+def peak_memory_per_rank() -> list:
+    """Each rank's peak resident memory in MiB (gathered as a global tensor: every rank
+    contributes its own one-element shard)."""
+    import resource
+    mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    everyone = ct.placement.all()
+    w = ct.runtime.world()
+    local = {r: np.array([mib]) for r in w.held_ranks} if len(w.held_ranks) > 1 else \
+        np.array([mib])
+    return [round(float(v), 1) for v in ct.from_local(local, everyone, ct.sbp.split(0)).numpy()]
 
 
 def run(argv=None) -> list:
