@@ -123,6 +123,7 @@ class Call:
                 f"{args} for op {self.op!r}{where}{local}")
 
     def step_text(self) -> str:
+        """The boxing step in words (layouts, SBPs, placement), or ``""`` outside boxing."""
         return debug.describe_step(self.step) if self.step is not None else ""
 
     def record(self) -> np.ndarray:
