@@ -223,6 +223,26 @@ class Tensor:
     def __getitem__(self, index): return OPS.getitem(self, index)
     __hash__ = object.__hash__
 
+    # the most used methods, spelled out (no per-call lookup); every other registered op
+    # is reachable through __getattr__ below
+    def sum(self, dim=None, keepdim=False): return OPS.sum(self, dim, keepdim)
+    def mean(self, dim=None, keepdim=False): return OPS.mean(self, dim, keepdim)
+    def max(self, dim=None, keepdim=False): return OPS.max(self, dim, keepdim)
+    def min(self, dim=None, keepdim=False): return OPS.min(self, dim, keepdim)
+    def exp(self): return OPS.exp(self)
+    def log(self): return OPS.log(self)
+    def sqrt(self): return OPS.sqrt(self)
+    def tanh(self): return OPS.tanh(self)
+    def relu(self): return OPS.relu(self)
+    def pow(self, exponent): return OPS.pow(self, exponent)
+    def reshape(self, *shape): return OPS.reshape(self, *shape)
+    def view(self, *shape): return OPS.view(self, *shape)
+    def transpose(self, dim0, dim1): return OPS.transpose(self, dim0, dim1)
+    def permute(self, *dims): return OPS.permute(self, *dims)
+    def unsqueeze(self, dim): return OPS.unsqueeze(self, dim)
+    def matmul(self, other): return OPS.matmul(self, other)
+    def to(self, dtype): return OPS.to(self, dtype)
+
     def __getattr__(self, name: str) -> Any:
         # methods such as x.sum(), x.reshape(), x.exp() are the registered ops of that name
         if name.startswith("_"):
