@@ -163,3 +163,23 @@ def test_cross_placement_backward_round_trip(world4):
     x = ct.tensor(data((5, 4)), placement=a, sbp=S0)
     y = x.to_global(b, S1).to_global(a, B)
     np.testing.assert_allclose(y.numpy(), data((5, 4)))
+
+
+def test_buffer_pool_reuses_only_released_buffers():
+    from ctensor.comm.buffers import BufferPool
+    pool = BufferPool(max_bytes=64 << 20)
+    a = pool.empty((512, 1024), np.float32)
+    owner = id(a.base)                # (an id: holding the buffer would keep it busy)
+    view = a.reshape(-1)[7:]          # a derived view keeps the buffer in use
+    del a
+    b = pool.empty((512, 1024), np.float32)
+    assert id(b.base) != owner
+    del view
+    c = pool.empty((1024, 512), np.float32)   # same bytes, other shape: reused
+    assert id(c.base) == owner and c.shape == (1024, 512) and c.flags.c_contiguous
+    small = pool.empty((4,), np.float64)
+    assert small.base is None          # small arrays are left to malloc
+    del b, c
+    assert pool.idle_bytes() == 2 * 512 * 1024 * 4
+    pool.empty((16 << 20,), np.uint8)  # over the cap: idle buffers are evicted first
+    assert pool.idle_bytes() <= 64 << 20

@@ -26,6 +26,7 @@ from .. import debug
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Shards, contiguous
+from .buffers import BufferPool
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
 #: seconds the excepthook waits before aborting on a CollectiveError (answering queries
@@ -68,6 +69,7 @@ class MPICommunicator(Communicator):
         self.size = self.world.Get_size()
         self.rank = self.world.Get_rank()
         self.held_ranks = (self.rank,)
+        self._pool = BufferPool()  # receive buffers, reused across steps
         self._groups: dict[Group, Any] = {}
         self._seq: dict[Group, int] = {}
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
@@ -137,7 +139,7 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             return {self.rank: buf.copy()}
         call = self._begin("all_reduce", group, buf, (op.value,), same_shape=True)
-        out = np.empty_like(buf)
+        out = self._pool.empty(buf.shape, buf.dtype)
         req = self._comm(group, call).Iallreduce(buf, out, op=self._op(op, buf.dtype))
         self._finish([req], call, group)
         return {self.rank: out}
@@ -146,7 +148,7 @@ class MPICommunicator(Communicator):
         buf = self._mine(group, bufs)
         # gather along dim 0 of the moved array: parts are then contiguous byte ranges
         moved = np.moveaxis(buf, dim, 0) if dim else buf
-        out = np.empty((sum(sizes),) + moved.shape[1:], dtype=buf.dtype)
+        out = self._pool.empty((sum(sizes),) + moved.shape[1:], buf.dtype)
         if len(group) == 1:
             out[...] = moved
         else:
@@ -169,7 +171,7 @@ class MPICommunicator(Communicator):
         moved = contiguous(np.moveaxis(buf, dim, 0) if dim else buf)
         row = int(np.prod(moved.shape[1:], dtype=np.int64))
         me = group.index(self.rank)
-        out = np.empty((sizes[me],) + moved.shape[1:], dtype=buf.dtype)
+        out = self._pool.empty((sizes[me],) + moved.shape[1:], buf.dtype)
         if len(group) == 1:
             out[...] = moved
         else:
@@ -197,7 +199,7 @@ class MPICommunicator(Communicator):
         if split_dim == 0:
             send = _bytes(buf)
         else:
-            send = np.empty(buf.nbytes, dtype=np.uint8)
+            send = self._pool.empty(buf.nbytes, np.uint8)
             start = pos = 0
             for n in split_sizes:
                 idx = [slice(None)] * buf.ndim
@@ -219,7 +221,7 @@ class MPICommunicator(Communicator):
         recv_counts = [int(np.prod(s, dtype=np.int64)) * itemsize for s in recv_shapes]
         sdispls, _ = _prefix(send_counts)
         rdispls, rtotal = _prefix(recv_counts)
-        recv = np.empty(rtotal, dtype=np.uint8)
+        recv = self._pool.empty(rtotal, np.uint8)
         comm = self._comm(group, call)
         # even parts: Alltoall beats Alltoallv. Decide from the group-wide sizes, never from
         # this rank's own counts: a rank whose counts happen to be all equal (all empty, say)
@@ -253,7 +255,7 @@ class MPICommunicator(Communicator):
         requests, keep, peers = [], [], set()
         for m in mine:
             if m.dst == self.rank:
-                buf = np.empty(m.shape, dtype=m.dtype)
+                buf = self._pool.empty(m.shape, m.dtype)
                 received[m] = buf
                 if buf.nbytes:
                     peers.add(m.src)
