@@ -179,9 +179,14 @@ class _Slice(_Step):
     """B -> S(d): keep this rank's part."""
 
     collective = "slice"
+    _index = None  # rank -> index of its part, computed on first use
 
     def run(self, comm, shards):
-        return {r: a[_slices(self.after.box(r), self.before.box(r))] for r, a in shards.items()}
+        index = self._index
+        if index is None:
+            index = self._index = {r: _slices(self.after.box(r), self.before.box(r))
+                                   for r in self.before.placement.rank_list}
+        return {r: a[index[r]] for r, a in shards.items()}
 
 
 class _ToPartial(_Step):
@@ -390,12 +395,23 @@ def cost(src: Layout, dst: Layout) -> float:
     return sum(step.cost() for step in plan(src, dst))
 
 
+_LOCAL_STEPS = ()  # filled below: steps that never communicate
+
+
 def box(shards: dict, src: Layout, dst: Layout) -> dict:
     """Run the plan from ``src`` to ``dst`` on this process's ``{rank: array}`` shards."""
-    if src == dst:
+    if src is dst:
         return shards
-    comm = world().comm_for(src.placement.device, dst.placement.device)
+    comm = None
     for step in plan(src, dst):
+        if isinstance(step, _LOCAL_STEPS):  # the hot path of B -> S slices: no comm needed
+            shards = step.run(None, shards)
+            continue
+        if comm is None:
+            comm = world().comm_for(src.placement.device, dst.placement.device)
         with debug.boxing_step(step):  # names the step in collective fingerprints
             shards = step.run(comm, shards)
     return shards
+
+
+_LOCAL_STEPS = (_Slice, _ToPartial, _Relabel)

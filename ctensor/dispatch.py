@@ -282,12 +282,15 @@ def apply(name: str, inputs: Sequence, **attrs):
     targets, out_layouts = hit
 
     boxed = tensors
-    if any(t._layout is not target for t, target in zip(tensors, targets)):
-        boxed = []
-        with debug.current_op(name):
-            for t, target in zip(tensors, targets):
-                boxed.append(t if t._layout is target else
-                             Tensor(target, boxing.box(t._shards, t._layout, target)))
+    for i, (t, target) in enumerate(zip(tensors, targets)):
+        if t._layout is not target:
+            if boxed is tensors:
+                boxed = list(tensors)
+            debug._op_stack.append(name)  # names the op in the communication log
+            try:
+                boxed[i] = Tensor(target, boxing.box(t._shards, t._layout, target))
+            finally:
+                debug._op_stack.pop()
 
     results: list = [dict() for _ in out_layouts]
     xp = array_module(placement.device)
@@ -316,8 +319,9 @@ def apply(name: str, inputs: Sequence, **attrs):
 
     if opdef.backward is not None and autograd._grad_enabled \
             and any(t.requires_grad for t in tensors):
-        ctx = BackwardContext(tuple(b.detach() for b in boxed),
-                              tuple(o.detach() for o in outputs), attrs)
+        # inputs as they are (the backward runs under no_grad, and they point upstream
+        # only); outputs detached, or output -> node -> context -> output would be a cycle
+        ctx = BackwardContext(tuple(boxed), tuple(o.detach() for o in outputs), attrs)
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward):
