@@ -259,30 +259,44 @@ def choice(name: str, *args, **attrs) -> tuple:
 _apply_cache: dict = {}
 
 
+class _Plan:
+    """What one (op, attributes, input layouts) resolves to, computed once."""
+
+    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes")
+
+    def __init__(self, opdef: OpDef, targets: tuple, out_layouts: tuple):
+        self.targets, self.out_layouts = targets, out_layouts
+        self.xp = array_module(out_layouts[0].placement.device)
+        self.single = opdef.n_outputs == 1
+        # the local shape every output must have on each rank (kernel bugs are caught)
+        p = out_layouts[0].placement
+        self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
+
+
 def apply(name: str, inputs: Sequence, **attrs):
     """Run op ``name`` on ``inputs`` (tensors; scalars already promoted) with ``attrs``."""
     opdef = REGISTRY[name]
-    tensors = list(inputs)
-    placement = tensors[0].placement
-    layouts = tuple(t._layout for t in tensors)
+    tensors = inputs
+    layouts = tuple([t._layout for t in tensors])
     key = (name, _attrs_key(attrs) if attrs else (), layouts)
-    hit = _apply_cache.get(key)
-    if hit is None:
-        for t in tensors[1:]:
-            if t.placement != placement:
+    plan = _apply_cache.get(key)
+    if plan is None:
+        placement = layouts[0].placement
+        for l in layouts[1:]:
+            if l.placement != placement:
                 raise ValueError(f"{name}: inputs have different placements {placement!r} and "
-                                 f"{t.placement!r}; move one with .to_global(placement=...) "
+                                 f"{l.placement!r}; move one with .to_global(placement=...) "
                                  f"first")
         out_meta = opdef.meta(layouts, **attrs)
-        targets, out_layouts = _choose(opdef, layouts, attrs, key[1], out_meta)
-        hit = (targets, out_layouts)
+        plan = _Plan(opdef, *_choose(opdef, layouts, attrs, key[1], out_meta))
         if len(_apply_cache) > 65536:
             _apply_cache.clear()
-        _apply_cache[key] = hit
-    targets, out_layouts = hit
+        _apply_cache[key] = plan
+    targets, out_layouts, single = plan.targets, plan.out_layouts, plan.single
 
     boxed = tensors
-    for i, (t, target) in enumerate(zip(tensors, targets)):
+    for i, t in enumerate(tensors):
+        target = targets[i]
         if t._layout is not target:
             if boxed is tensors:
                 boxed = list(tensors)
@@ -292,36 +306,40 @@ def apply(name: str, inputs: Sequence, **attrs):
             finally:
                 debug._op_stack.pop()
 
-    results: list = [dict() for _ in out_layouts]
-    xp = array_module(placement.device)
-    single = opdef.n_outputs == 1
+    results: list = [{} for _ in out_layouts]
+    xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
     for rank in boxed[0]._shards:
         arrays = [b._shards[rank] for b in boxed]
         if opdef.needs_ctx:
-            out = opdef.kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
-                               **attrs)
+            out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts), **attrs)
         else:
-            out = opdef.kernel(xp, *arrays, **attrs)
+            out = kernel(xp, *arrays, **attrs)
         if single:
             out = (out,)
+        expected = shapes[rank]
         for j, arr in enumerate(out):
-            layout = out_layouts[j]
             if type(arr) is not np.ndarray:
                 arr = xp.asarray(arr)
-            if arr.dtype != layout.dtype:
-                arr = arr.astype(layout.dtype)
-            if arr.shape != layout.local_shape(rank):  # a kernel bug, never user error
+            dtype = out_layouts[j].dtype
+            if arr.dtype is not dtype and arr.dtype != dtype:
+                arr = arr.astype(dtype)
+            if arr.shape != expected[j]:  # a kernel bug, never user error
+                layout = out_layouts[j]
                 raise RuntimeError(f"{name}: kernel returned local shape {arr.shape} on rank "
-                                   f"{rank}, expected {layout.local_shape(rank)} for "
+                                   f"{rank}, expected {expected[j]} for "
                                    f"{format_sbp(layout.sbp)} of {layout.shape}")
             results[j][rank] = arr
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
 
-    if opdef.backward is not None and autograd._grad_enabled \
-            and any(t.requires_grad for t in tensors):
+    if opdef.backward is not None and autograd._grad_enabled:
+        for t in tensors:
+            if t.requires_grad:
+                break
+        else:
+            return outputs[0] if single else tuple(outputs)
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
-        ctx = BackwardContext(tuple(boxed), tuple(o.detach() for o in outputs), attrs)
+        ctx = BackwardContext(tuple(boxed), tuple([o.detach() for o in outputs]), attrs)
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward):

@@ -17,6 +17,7 @@ class _Ops:
 
     def register(self, name: str, fn: Callable) -> Callable:
         self._table[name] = fn
+        self.__dict__[name] = fn  # found by plain attribute lookup: no __getattr__ per call
         return fn
 
     def __getattr__(self, name: str) -> Callable:

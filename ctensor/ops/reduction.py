@@ -27,6 +27,8 @@ from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
 
 
 def _dims(opname: str, dim, ndim: int) -> tuple:
+    if type(dim) is int and 0 <= dim < ndim:  # the common case, checked cheaply
+        return (dim,)
     if dim is None:
         return tuple(range(ndim))
     dims = dim if isinstance(dim, (tuple, list)) else (dim,)
