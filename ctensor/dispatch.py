@@ -175,6 +175,16 @@ def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
     return np.asarray(value).dtype
 
 
+def _same_placement(opname: str, placements: list) -> Placement:
+    """The one placement of an op's inputs; ``ValueError`` naming both when they differ."""
+    first = placements[0]
+    for p in placements[1:]:
+        if p != first:
+            raise ValueError(f"{opname}: inputs have different placements {first!r} and {p!r}; "
+                             f"move one with .to_global(placement=...) first")
+    return first
+
+
 def as_tensor(values: Sequence, opname: str) -> list:
     """Promote scalars/arrays among ``values`` to broadcast constants on the tensors'
     placement; check that all tensors share one placement."""
@@ -186,12 +196,7 @@ def as_tensor(values: Sequence, opname: str) -> list:
     if not tensors:
         raise TypeError(f"{opname}: expected at least one ct.Tensor argument, got "
                         f"{[type(v).__name__ for v in values]}")
-    placement = tensors[0].placement
-    for t in tensors[1:]:
-        if t.placement != placement:
-            raise ValueError(f"{opname}: inputs have different placements {placement!r} and "
-                             f"{t.placement!r}; move one with "
-                             f".to_global(placement=...) first")
+    placement = _same_placement(opname, [t.placement for t in tensors])
     dtypes = [t.dtype for t in tensors]
     out = []
     for v in values:
@@ -281,12 +286,7 @@ def apply(name: str, inputs: Sequence, **attrs):
     key = (name, _attrs_key(attrs) if attrs else (), layouts)
     plan = _apply_cache.get(key)
     if plan is None:
-        placement = layouts[0].placement
-        for l in layouts[1:]:
-            if l.placement != placement:
-                raise ValueError(f"{name}: inputs have different placements {placement!r} and "
-                                 f"{l.placement!r}; move one with .to_global(placement=...) "
-                                 f"first")
+        _same_placement(name, [l.placement for l in layouts])
         out_meta = opdef.meta(layouts, **attrs)
         plan = _Plan(opdef, *_choose(opdef, layouts, attrs, key[1], out_meta))
         if len(_apply_cache) > 65536:
