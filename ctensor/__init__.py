@@ -10,8 +10,8 @@ and how it is laid out (:mod:`ctensor.sbp`); ctensor inserts every collective.
 """
 from . import sbp
 from .placement import placement, Placement
-from .runtime import (simulate, rank, world_size, set_default_dtype, get_default_dtype,
-                      set_default_device)
+from .runtime import (simulate, launched_by_mpi, rank, world_size, set_default_dtype,
+                      get_default_dtype, set_default_device)
 from .tensor import Tensor
 from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
                        full_like, empty)
@@ -21,7 +21,7 @@ from . import autograd, debug
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
 from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
-from .errors import DivergenceError, CommTimeoutError
+from .errors import CollectiveError, DivergenceError, CommTimeoutError
 from .registry import OPS as _OPS
 
 __version__ = "0.1.0"

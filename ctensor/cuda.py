@@ -84,7 +84,7 @@ def nccl_available() -> bool:
 
 def _mpi_host():
     """The MPI communicator of the process's own world, or ``None`` outside MPI."""
-    if not runtime._launched_by_mpi():
+    if not runtime.launched_by_mpi():
         return None
     comm = runtime._base_world().comm
     return comm if hasattr(comm, "world") else None

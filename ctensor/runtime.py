@@ -71,14 +71,20 @@ _default_dtype = np.dtype(np.float32)
 _default_device = "cpu"
 
 
-def _launched_by_mpi() -> bool:
+def launched_by_mpi() -> bool:
+    """True when this process was started by ``mpiexec``/``mpirun`` (read from the launcher's
+    environment, without starting MPI). Scripts use it to simulate when run alone::
+
+        with (contextlib.nullcontext() if ct.launched_by_mpi() else ct.simulate(4)):
+            main()
+    """
     return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
 def _base_world() -> World:
     global _base
     if _base is None:
-        if _launched_by_mpi():
+        if launched_by_mpi():
             from .comm.mpi import MPICommunicator, install_excepthook
             comm = MPICommunicator()  # reads CTENSOR_DEBUG and CTENSOR_TIMEOUT
             if comm.size > 1:  # an uncaught exception on one rank aborts the whole job

@@ -38,6 +38,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from ctensor.runtime import _launched_by_mpi
-    with (contextlib.nullcontext() if _launched_by_mpi() else ct.simulate(2)):
+    with (contextlib.nullcontext() if ct.launched_by_mpi() else ct.simulate(2)):
         main()

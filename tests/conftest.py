@@ -20,7 +20,7 @@ import pytest
 import ctensor as ct
 from ctensor import runtime
 
-MPI_MODE = runtime._launched_by_mpi()
+MPI_MODE = runtime.launched_by_mpi()
 MESHES = [(1,), (2,), (3,), (4,), (2, 2)]
 
 
