@@ -178,10 +178,9 @@ class MPICommunicator(Communicator):
             call = self._begin("reduce_scatter", group, buf,
                                (op.value, f"dim {dim}", f"sizes {list(sizes)}"), same_shape=True)
             comm, mpi_op = self._comm(group, call), self._op(op, buf.dtype)
-            if len(set(sizes)) == 1:
-                req = comm.Ireduce_scatter_block(moved, out, op=mpi_op)
-            else:
-                req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
+            # always the v variant: MPICH's Ireduce_scatter_block is ~8x slower at 1 MiB
+            # (measured on 2 ranks), while Ireduce_scatter matches the blocking call
+            req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
             self._finish([req], call, group)
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
