@@ -13,7 +13,7 @@ synchronised backward boxes the total once.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .registry import OPS
 

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import autograd, boxing, debug
+from . import debug
 from .layout import Layout
 from .placement import Placement
 from .registry import register
@@ -319,5 +319,3 @@ def full_like(x: Tensor, fill_value, dtype=None, placement=None, sbp=None,
               requires_grad=False) -> Tensor:
     return _like("full_like", x, fill_value, dtype, placement, sbp, requires_grad)
 
-
-_ = (autograd, boxing)

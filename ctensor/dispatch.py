@@ -18,7 +18,7 @@ records the op on the autograd tape.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from . import autograd, boxing, debug
 from .layout import Layout
 from .placement import Placement
 from .runtime import array_module, get_default_dtype, world
-from .sbp import SBP, Broadcast, Partial, Split, format_sbp
+from .sbp import Broadcast, format_sbp
 from .tensor import Tensor
 
 __all__ = ["OpDef", "Signature", "apply", "op", "REGISTRY", "as_tensor", "KernelContext",
@@ -156,7 +156,6 @@ def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
     """dtype of a Python scalar operand: it follows the tensors' kind like PyTorch does."""
     if isinstance(value, np.generic) or isinstance(value, np.ndarray):
         return np.asarray(value).dtype
-    kinds = {d.kind for d in others}
     if isinstance(value, bool):
         return np.dtype(bool)
     if isinstance(value, int):
@@ -171,7 +170,6 @@ def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
         return get_default_dtype()
     if isinstance(value, complex):
         return np.dtype(np.complex128)
-    _ = kinds
     return np.asarray(value).dtype
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import ctensor as ct
 from ctensor import boxing
-from conftest import MPI_MODE, assert_layout
+from conftest import assert_layout
 
 S0, S1, B = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast
 P, PMAX, PMIN = ct.sbp.partial_sum, ct.sbp.partial_max, ct.sbp.partial_min

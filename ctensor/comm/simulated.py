@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Shards, contiguous
 
 
@@ -47,7 +46,6 @@ class SimulatedCommunicator(Communicator):
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
         total = self.all_reduce(group, bufs, op)[group[0]]
-        xp = _xp(total)
         out, start = {}, 0
         for r, n in zip(group, sizes):
             idx = [slice(None)] * total.ndim

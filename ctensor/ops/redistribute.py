@@ -10,10 +10,10 @@ import numpy as np
 
 from .. import autograd, boxing
 from ..layout import Layout
-from ..placement import Placement, placement as _placement_factory
+from ..placement import Placement
 from ..registry import register
-from ..runtime import array_module, world
-from ..sbp import Broadcast, Partial, ReduceOp, Split, normalize_sbp, partial_sum
+from ..runtime import world
+from ..sbp import Broadcast, Partial, ReduceOp, normalize_sbp, partial_sum
 from ..tensor import Tensor
 
 

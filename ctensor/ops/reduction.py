@@ -18,10 +18,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..dispatch import apply, as_tensor, op
+from ..dispatch import apply, op
 from ..registry import OPS, register
 from ..runtime import get_default_dtype
-from ..sbp import Partial, ReduceOp, Split
+from ..sbp import ReduceOp
 from ..tensor import Tensor
 from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
 
@@ -226,4 +226,3 @@ def _max_or_min(name, extreme, arg):
 
 max_ = _max_or_min("max", amax, argmax)
 min_ = _max_or_min("min", amin, argmin)
-_ = (Partial, Split)

@@ -12,7 +12,6 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 
 
 @dataclass
@@ -66,5 +65,3 @@ def collect():
         covered.update(getattr(mod, "COVERED_ELSEWHERE", {}))
     return samples, covered
 
-
-_ = np
