@@ -37,7 +37,8 @@ from data import VOCAB_SIZE, Corpus  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    p.add_argument("--dp", type=int, default=None,
+                   help="data-parallel size (default: the world size / (tp * pp))")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
     p.add_argument("--micro-batches", type=int, default=1)
@@ -101,6 +102,11 @@ class StageModule(nn.Module):
 
 def build(a):
     """The model split into pipeline stages, each laid out on its own (dp, tp) mesh."""
+    if a.dp is None:  # every rank the tensor and pipeline sizes leave over does data parallel
+        if ct.world_size() % (a.tp * a.pp):
+            raise SystemExit(f"train.py: the world of {ct.world_size()} ranks is not a multiple "
+                             f"of --tp {a.tp} x --pp {a.pp}")
+        a.dp = ct.world_size() // (a.tp * a.pp)
     world = a.dp * a.tp * a.pp
     if ct.world_size() != world:
         raise SystemExit(f"train.py: --dp {a.dp} x --tp {a.tp} x --pp {a.pp} = {world} ranks, "
