@@ -188,6 +188,18 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         return self
 
+    def set_(self, source: "Tensor") -> "Tensor":
+        """Make this tensor take ``source``'s layout and shards (shared, like PyTorch's
+        ``set_``), keeping its own identity and autograd flags. Used to reshard parameters
+        in place; not differentiable."""
+        if not isinstance(source, Tensor):
+            raise TypeError(f"set_: argument 'source' must be a ct.Tensor, got "
+                            f"{type(source).__name__}")
+        self._layout = source._layout
+        self._shards = dict(source._shards)
+        self._version += 1
+        return self
+
     def zero_(self) -> "Tensor":
         """Fill with zeros in place (for optimizers and buffers; not differentiable)."""
         for a in self._shards.values():

@@ -43,9 +43,7 @@ class Parameter(ct.Tensor):
 
     def _adopt(self, src: ct.Tensor) -> None:
         """Take ``src``'s layout and (copied) shards, keeping this object's identity."""
-        self._layout = src._layout
-        self._shards = {r: a.copy() for r, a in src.local_shards().items()}
-        self._version += 1
+        self.set_(src.clone())
 
     def reshard_(self, placement=None, sbp=None) -> "Parameter":
         """Move this parameter (and its gradient) to ``placement``/``sbp`` in place.
