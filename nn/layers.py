@@ -174,7 +174,20 @@ class Identity(Module):
         return x
 
 
-class Sequential(Module):
+class _Indexed(Module):
+    """Children in order: ``len(c)``, ``c[i]``, ``for m in c``."""
+
+    def __getitem__(self, index: int) -> Module:
+        return list(self._modules.values())[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self) -> Iterator[Module]:
+        return iter(self._modules.values())
+
+
+class Sequential(_Indexed):
     """Modules applied in order; children are named ``"0"``, ``"1"``, ... (or by the
     keys of an ``OrderedDict``).
 
@@ -198,17 +211,8 @@ class Sequential(Module):
             x = m(x)
         return x
 
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
 
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
-
-
-class ModuleList(Module):
+class ModuleList(_Indexed):
     """A list of modules registered as children ``"0"``, ``"1"``, ...
 
     >>> blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
@@ -230,15 +234,6 @@ class ModuleList(Module):
         for m in modules:
             self.append(m)
         return self
-
-    def __getitem__(self, index: int) -> Module:
-        return list(self._modules.values())[index]
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def __iter__(self) -> Iterator[Module]:
-        return iter(self._modules.values())
 
     def forward(self, *args, **kwargs):
         raise TypeError("ModuleList: a ModuleList has no forward(); iterate over it")
