@@ -248,16 +248,6 @@ def _choose(opdef: OpDef, layouts: tuple, attrs: dict, akey, out_meta) -> tuple:
     return targets, outs
 
 
-def choice(name: str, *args, **attrs) -> tuple:
-    """The (input layouts after boxing, output layouts) dispatch would use; for tests and
-    debugging."""
-    opdef = REGISTRY[name]
-    tensors = [a for a in args if isinstance(a, Tensor)]
-    layouts = tuple(t._layout for t in tensors)
-    out_meta = opdef.meta(layouts, **attrs)
-    return _choose(opdef, layouts, attrs, _attrs_key(attrs), out_meta)
-
-
 # --------------------------------------------------------------------------- apply
 _apply_cache: dict = {}
 

@@ -10,7 +10,7 @@ import weakref
 import numpy as np
 
 from .placement import Placement
-from .sbp import Partial, Split, local_box
+from .sbp import Partial, local_box
 
 
 class Layout:
@@ -83,6 +83,3 @@ class Layout:
 
     def with_sbp(self, sbp) -> "Layout":
         return Layout(self.shape, self.dtype, self.placement, tuple(sbp))
-
-    def split_dims(self) -> set:
-        return {s.dim for s in self.sbp if isinstance(s, Split)}

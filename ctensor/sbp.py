@@ -113,8 +113,8 @@ partial_max = Partial(ReduceOp.MAX)
 partial_min = Partial(ReduceOp.MIN)
 
 
-def format_sbp(sbp: Sequence[SBP]) -> str:
-    """``(S(0), B)`` style text of an SBP tuple."""
+def format_sbp(sbp: Iterable) -> str:
+    """``(S(0), B)`` style text of an SBP tuple (any entries are shown by their repr)."""
     return "(" + ", ".join(repr(s) for s in sbp) + ")"
 
 
@@ -133,7 +133,7 @@ def normalize_sbp(sbp, mesh_ndim: int, ndim: int, fn: str = "to_global") -> tupl
                         f"ct.sbp.partial_sum, ...) or a tuple of them, got {sbp!r} "
                         f"({type(sbp).__name__})")
     if len(sbp) != mesh_ndim:
-        raise ValueError(f"{fn}: argument 'sbp' has {len(sbp)} entries {format_sbp_any(sbp)} but the "
+        raise ValueError(f"{fn}: argument 'sbp' has {len(sbp)} entries {format_sbp(sbp)} but the "
                          f"placement's mesh has {mesh_ndim} axes; give one SBP per mesh axis")
     out = []
     for entry in sbp:
@@ -152,10 +152,6 @@ def normalize_sbp(sbp, mesh_ndim: int, ndim: int, fn: str = "to_global") -> tupl
             entry = Split(d % ndim)
         out.append(entry)
     return tuple(out)
-
-
-def format_sbp_any(sbp: Iterable) -> str:
-    return "(" + ", ".join(repr(s) for s in sbp) + ")"
 
 
 def split_sizes(n: int, k: int) -> list[int]:
