@@ -210,14 +210,10 @@ def as_tensor(values: Sequence, opname: str) -> list:
 
 
 # --------------------------------------------------------------------------- choice
-_choice_cache: dict = {}
-
-
-def _choose(opdef: OpDef, layouts: tuple, attrs: dict, akey, out_meta) -> tuple:
-    key = (opdef.name, akey, layouts)
-    hit = _choice_cache.get(key)
-    if hit is not None:
-        return hit
+def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta) -> tuple:
+    """Per mesh axis, the declared signature whose input boxing costs least (ties: the
+    earlier declared); returns (input layouts after boxing, output layouts). Called once per
+    (op, attributes, input layouts): apply caches the result."""
     placement = layouts[0].placement
     candidates = opdef.signatures(layouts, **attrs)
     if not candidates:
@@ -244,7 +240,6 @@ def _choose(opdef: OpDef, layouts: tuple, attrs: dict, akey, out_meta) -> tuple:
     targets = tuple(l.with_sbp(s) for l, s in zip(layouts, in_sbp))
     outs = tuple(Layout(tuple(shape), np.dtype(dtype), placement, tuple(s))
                  for (shape, dtype), s in zip(out_meta, out_sbp))
-    _choice_cache[key] = (targets, outs)
     return targets, outs
 
 
@@ -276,7 +271,7 @@ def apply(name: str, inputs: Sequence, **attrs):
     if plan is None:
         _same_placement(name, [l.placement for l in layouts])
         out_meta = opdef.meta(layouts, **attrs)
-        plan = _Plan(opdef, *_choose(opdef, layouts, attrs, key[1], out_meta))
+        plan = _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta))
         if len(_apply_cache) > 65536:
             _apply_cache.clear()
         _apply_cache[key] = plan
