@@ -183,3 +183,14 @@ def test_buffer_pool_reuses_only_released_buffers():
     assert pool.idle_bytes() == 2 * 512 * 1024 * 4
     pool.empty((16 << 20,), np.uint8)  # over the cap: idle buffers are evicted first
     assert pool.idle_bytes() <= 64 << 20
+
+
+def test_three_axis_mesh_pairs(world4):
+    """A 3-D mesh (2, 1, 2): nested splits over three axes, a size-1 axis in the middle."""
+    mesh = ct.placement("cpu", [[[0, 1]], [[2, 3]]])
+    value = data((7, 5, 3))
+    sbps = [tuple(t) for t in itertools.product([S0, S1, B, P], repeat=3)]
+    for src in sbps[::3]:
+        x = ct.tensor(value, placement=mesh, sbp=src)
+        for dst in sbps[::2]:
+            assert_layout(x.to_global(sbp=dst), value)
