@@ -92,6 +92,25 @@ class Communicator(ABC):
         """Wait for every rank of the world (no-op where the process holds all ranks)."""
 
 
+class HostWrapper(Communicator):
+    """Base of the device communicators that delegate metadata, barriers and the debug
+    switch to a wrapped host (MPI) communicator."""
+
+    def __init__(self, host: Communicator):
+        self._host = host
+        self.size = host.size
+        self.held_ranks = tuple(host.held_ranks)
+
+    @property
+    def check_consistency(self) -> bool:
+        """Debug mode of the wrapped MPI communicator (fingerprints before collectives)."""
+        return bool(getattr(self._host, "check_consistency", False))
+
+    @check_consistency.setter
+    def check_consistency(self, enabled: bool) -> None:
+        self._host.check_consistency = bool(enabled)
+
+
 def contiguous(arr):
     """``arr`` in C order, copied only when needed; keeps 0-d shapes (unlike
     ``ascontiguousarray``)."""

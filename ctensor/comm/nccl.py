@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import CommTimeoutError, DivergenceError
 from ..sbp import ReduceOp
-from .base import Communicator, Group, Message, Shards, contiguous
+from .base import Communicator, Group, HostWrapper, Message, Shards, contiguous
 
 __all__ = ["NCCLCommunicator", "cuda_communicator", "node_layout", "gather_plan", "pad_plan",
            "all_to_all_plan", "exchange_plan", "reduction_plan", "nccl_refusal", "ReducePlan",
@@ -269,7 +269,7 @@ def _destroy_all() -> None:
 
 
 # ----------------------------------------------------------------------------- backend
-class NCCLCommunicator(Communicator):
+class NCCLCommunicator(HostWrapper):
     """Collectives on CuPy arrays through NCCL, one process per rank.
 
     ``host`` is the process's MPI communicator (:class:`~ctensor.comm.mpi.MPICommunicator`):
@@ -287,9 +287,7 @@ class NCCLCommunicator(Communicator):
     def __init__(self, host, *, nccl=None, xp=None, stream: Optional[Callable] = None,
                  share_id: Optional[Callable] = None, single_rank_copies: bool = True):
         global _atexit_registered
-        self._host = host
-        self.size = host.size
-        self.held_ranks = tuple(host.held_ranks)
+        super().__init__(host)
         self.rank = self.held_ranks[0]
         self._nccl, self._xp, self._stream = nccl, xp, stream
         self._share_id = share_id or (lambda group, make: _share_unique_id(host, group, make))
@@ -299,15 +297,6 @@ class NCCLCommunicator(Communicator):
         if not _atexit_registered:
             atexit.register(_destroy_all)
             _atexit_registered = True
-
-    @property
-    def check_consistency(self) -> bool:
-        """Debug mode of the host communicator: fingerprints compared before collectives."""
-        return bool(getattr(self._host, "check_consistency", False))
-
-    @check_consistency.setter
-    def check_consistency(self, enabled: bool) -> None:
-        self._host.check_consistency = bool(enabled)
 
     # ------------------------------------------------------------------ plumbing
     def _lib(self):

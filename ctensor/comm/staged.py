@@ -14,12 +14,12 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import Communicator, Message
+from .base import Communicator, HostWrapper, Message
 
 __all__ = ["StagedCommunicator"]
 
 
-class StagedCommunicator(Communicator):
+class StagedCommunicator(HostWrapper):
     """Wraps a host communicator; arrays go device -> host -> MPI -> host -> device.
 
     ``xp`` is the device array module (default: CuPy, through :func:`ctensor.cuda.module`);
@@ -31,19 +31,8 @@ class StagedCommunicator(Communicator):
     device_arrays = True
 
     def __init__(self, host: Communicator, xp=None):
-        self._host = host
+        super().__init__(host)
         self._xp = xp
-        self.size = host.size
-        self.held_ranks = tuple(host.held_ranks)
-
-    @property
-    def check_consistency(self) -> bool:
-        """Debug mode of the wrapped MPI communicator."""
-        return bool(getattr(self._host, "check_consistency", False))
-
-    @check_consistency.setter
-    def check_consistency(self, enabled: bool) -> None:
-        self._host.check_consistency = bool(enabled)
 
     def _array_module(self):
         if self._xp is None:
