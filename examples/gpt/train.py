@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import sys
 import time
@@ -139,14 +138,10 @@ def main(a) -> list:
     formula = parameter_count(a.hidden, a.layers, VOCAB_SIZE, a.seq_len)
     untied_extra = 0 if gpt.tie_weights else VOCAB_SIZE * a.hidden
     optimizer = optim.AdamW(params, lr=a.lr, weight_decay=0.1)
-    total = a.steps
-
-    def lr_lambda(step):
-        if step < a.warmup:
-            return (step + 1) / a.warmup
-        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - a.warmup) / max(1, total - a.warmup))))
-
-    scheduler = optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+    # total > warm-up: a run shorter than the warm-up never leaves it (so a resumed run
+    # and one straight run see the same learning rates)
+    scheduler = optim.lr_scheduler.cosine_with_warmup(
+        optimizer, a.warmup, total_steps=max(a.steps, a.warmup + 1))
     start_step = 0
     if a.load:
         state = ct.load(a.load)
