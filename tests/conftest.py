@@ -68,6 +68,21 @@ def assert_layout(x: ct.Tensor, expected: np.ndarray, rtol=1e-6, atol=1e-6):
                                    rtol=rtol, atol=atol)
 
 
+def numeric_grad(fn, arrays, i, weight, eps=1e-6):
+    """d sum(fn(*arrays) * weight) / d arrays[i] by central differences (NumPy only)."""
+    base = [a.copy() for a in arrays]
+    grad = np.zeros_like(base[i])
+    for idx in np.ndindex(base[i].shape):
+        old = base[i][idx]
+        base[i][idx] = old + eps
+        hi = np.sum(fn(*base) * weight)
+        base[i][idx] = old - eps
+        lo = np.sum(fn(*base) * weight)
+        base[i][idx] = old
+        grad[idx] = (hi - lo) / (2 * eps)
+    return grad
+
+
 # ----------------------------------------------------------------------------- MPI abort
 if MPI_MODE:
     @pytest.hookimpl(hookwrapper=True)

@@ -10,6 +10,7 @@ import pytest
 
 import ctensor as ct
 import ctensor.nn.functional as F
+from conftest import numeric_grad
 
 S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
 
@@ -27,21 +28,6 @@ def _t(arr, mesh, sbp, grad=False):
     return ct.tensor(arr, placement=mesh, sbp=sbp, requires_grad=grad)
 
 
-def _fd(fn, arrays, i, weight, eps=1e-6):
-    """d sum(fn(*arrays) * weight) / d arrays[i] by central differences."""
-    base = [a.copy() for a in arrays]
-    grad = np.zeros_like(base[i])
-    for idx in np.ndindex(base[i].shape):
-        old = base[i][idx]
-        base[i][idx] = old + eps
-        hi = np.sum(fn(*base) * weight)
-        base[i][idx] = old - eps
-        lo = np.sum(fn(*base) * weight)
-        base[i][idx] = old
-        grad[idx] = (hi - lo) / (2 * eps)
-    return grad
-
-
 def _check(out, ref, xs, arrays, fn, rng, rtol=1e-6, atol=1e-8):
     """``out`` equals ``ref``; grads of the tensors in ``xs`` (None: no grad) equal finite
     differences of ``fn`` and come back in each input's own SBP."""
@@ -52,7 +38,7 @@ def _check(out, ref, xs, arrays, fn, rng, rtol=1e-6, atol=1e-8):
         if x is None or not x.requires_grad:
             continue
         assert x.grad.sbp == x.sbp and x.grad.placement == x.placement
-        np.testing.assert_allclose(x.grad.numpy(), _fd(fn, arrays, i, weight),
+        np.testing.assert_allclose(x.grad.numpy(), numeric_grad(fn, arrays, i, weight),
                                    rtol=1e-5, atol=1e-7, err_msg=f"grad {i}, sbp {x.sbp}")
 
 

@@ -11,7 +11,8 @@ import pytest
 import ctensor as ct
 from ctensor.dispatch import REGISTRY
 from ctensor.registry import OPS
-from samples import collect  # noqa: E402
+from conftest import numeric_grad
+from samples import collect
 
 SAMPLES, COVERED = collect()
 MAX_COMBOS = 12
@@ -40,20 +41,6 @@ def _combos(sample, arrays, mesh, rng):
         idx = rng.choice(len(combos), MAX_COMBOS, replace=False)
         combos = [combos[0]] + [combos[i] for i in sorted(idx) if i != 0][:MAX_COMBOS - 1]
     return combos
-
-
-def _numeric_grad(sample, arrays, i, weight, eps=1e-6):
-    base = [a.copy() for a in arrays]
-    grad = np.zeros_like(base[i])
-    for idx in np.ndindex(base[i].shape):
-        old = base[i][idx]
-        base[i][idx] = old + eps
-        hi = np.sum(sample.ref(*base) * weight)
-        base[i][idx] = old - eps
-        lo = np.sum(sample.ref(*base) * weight)
-        base[i][idx] = old
-        grad[idx] = (hi - lo) / (2 * eps)
-    return grad
 
 
 def test_every_registered_op_has_a_sample():
@@ -92,6 +79,6 @@ def test_op(sample, mesh, uneven):
             g = xs[i].grad
             assert g is not None, f"input {i} got no grad (sbp {combo})"
             assert g.placement == xs[i].placement and g.sbp == xs[i].sbp, (g.sbp, xs[i].sbp)
-            np.testing.assert_allclose(g.numpy(), _numeric_grad(sample, arrays, i, weight),
+            np.testing.assert_allclose(g.numpy(), numeric_grad(sample.ref, arrays, i, weight),
                                        rtol=1e-5, atol=1e-6,
                                        err_msg=f"grad of input {i}, sbp {combo}")
