@@ -145,6 +145,13 @@ def _unpack(buf: np.ndarray) -> tuple[bytes, str]:
     return raw[:_DIGEST_BYTES], raw[_DIGEST_BYTES:].rstrip(b"\0").decode("utf-8", "replace")
 
 
+def _answer_lines(answers: dict) -> list:
+    """One line per asked rank: what it said it was doing, or that it did not answer."""
+    return [f"  rank {r}: " + (text if text is not None else
+                               "no answer (finished, failed, or busy outside ctensor "
+                               "collectives)") for r, text in answers.items()]
+
+
 class Watchdog:
     """Timed waits and fingerprint checks of one MPI process (see the module docstring).
 
@@ -254,9 +261,7 @@ class Watchdog:
         answers = self.ask(list(waiting_for))
         lines = [f"rank {self.rank} waited {timeout:g} s (CTENSOR_TIMEOUT) in "
                  f"{call.describe()}; the ranks {list(waiting_for)} did not complete it:"]
-        lines += [f"  rank {r}: " + (text if text is not None else
-                                     "no answer (finished, failed, or busy outside ctensor "
-                                     "collectives)") for r, text in answers.items()]
+        lines += _answer_lines(answers)
         lines.append("The ranks ran different collectives or one of them is stuck; the job "
                      "cannot continue safely and will be aborted. Set CTENSOR_DEBUG=1 to "
                      "compare every collective's fingerprint across ranks.")
@@ -300,9 +305,7 @@ class Watchdog:
         elsewhere = {r: t for r, t in answers.items() if t is not None}
         lines = [f"rank {self.rank} is at {call.describe()}; within {limit:g} s the ranks "
                  f"{missing} did not reach it:"]
-        lines += [f"  rank {r}: " + (t if t is not None else
-                                     "no answer (finished, failed, or busy outside ctensor "
-                                     "collectives)") for r, t in answers.items()]
+        lines += _answer_lines(answers)
         lines.append("Every rank of a placement must run the same ops in the same order; the "
                      "job cannot continue and will be aborted.")
         error = DivergenceError if elsewhere else CommTimeoutError
