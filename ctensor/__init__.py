@@ -16,7 +16,7 @@ from .tensor import Tensor
 from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
                        full_like, empty)
 from .random import manual_seed, rand, randn, randint, rand_like, randn_like
-from . import ops as _ops  # noqa: F401  (registers every op)
+from . import ops as _ops  # noqa: F401  (declares every op)
 from . import autograd, debug
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
 from .checkpoint import save, load

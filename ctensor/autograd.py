@@ -134,26 +134,9 @@ def _accumulate(store: dict, key, tensor, grad) -> None:
         store[key] = (tensor, grad)
 
 
-def backward(root, grad=None, retain_graph: bool = False) -> None:
-    """Reverse-mode pass from ``root``; see :meth:`Tensor.backward`."""
-    from .tensor import Tensor
-    if not isinstance(root, Tensor):
-        raise TypeError(f"backward: expected a ct.Tensor, got {type(root).__name__}")
-    if not root.requires_grad:
-        raise ValueError("backward: the tensor does not require grad (no input of the "
-                         "computation had requires_grad=True, or it ran under ct.no_grad())")
-    if grad is None:
-        if root.numel() != 1:
-            raise ValueError(f"backward: grad can be implicitly created only for scalar "
-                             f"outputs; the tensor has shape {tuple(root.shape)}, pass "
-                             f"grad= with that shape")
-        grad = OPS.ones_like(root)
-    elif not isinstance(grad, Tensor):
-        raise TypeError(f"backward: argument 'grad' must be a ct.Tensor, got "
-                        f"{type(grad).__name__}")
-    elif tuple(grad.shape) != tuple(root.shape):
-        raise ValueError(f"backward: argument 'grad' has shape {tuple(grad.shape)} but the "
-                         f"tensor has shape {tuple(root.shape)}")
+def backward(root, grad, retain_graph: bool = False) -> None:
+    """Reverse-mode pass from ``root`` seeded with ``grad`` (both checked by
+    :meth:`Tensor.backward`, the public entry point)."""
     with no_grad():
         # grads keyed by (id(node), output index) for intermediates, id(tensor) for leaves
         pending: dict = {}

@@ -14,9 +14,10 @@ import numpy as np
 from . import debug
 from .layout import Layout
 from .placement import Placement
-from .registry import register
+from ._args import unpack_sizes
+from .registry import OPS, OpRecord
 from .runtime import array_module, get_default_dtype, world
-from .sbp import Broadcast, Partial, normalize_sbp, local_shape, format_sbp
+from .sbp import Broadcast, Partial, format_sbp, local_shape, normalize_sbp, without_partial
 from .tensor import Tensor
 
 __all__ = ["tensor", "from_local", "zeros", "ones", "full", "arange", "zeros_like",
@@ -52,12 +53,6 @@ def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
         raise TypeError(f"{fn}: argument 'dtype' must be a bool, integer, floating or complex "
                         f"dtype, got {dtype}")
     return Layout(shape, dtype, placement, sbp)
-
-
-def _shape_args(fn: str, size: tuple) -> tuple:
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        return tuple(size[0])
-    return tuple(size)
 
 
 def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Tensor:
@@ -235,7 +230,7 @@ def _full(fn, size, fill_value, placement, sbp, dtype, requires_grad) -> Tensor:
             size = tuple(size)
         else:
             raise TypeError(f"{fn}: missing argument 'fill_value'")
-    shape = _shape_args(fn, size)
+    shape = unpack_sizes(size)
     if not isinstance(fill_value, (bool, int, float, complex, np.number, np.bool_)):
         raise TypeError(f"{fn}: argument 'fill_value' must be a number, got {fill_value!r} "
                         f"({type(fill_value).__name__})")
@@ -255,13 +250,13 @@ def _full(fn, size, fill_value, placement, sbp, dtype, requires_grad) -> Tensor:
 
 def zeros(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of zeros (``ct.zeros(4, 8, placement=p, sbp=ct.sbp.split(0))``)."""
-    return _full("zeros", _shape_args("zeros", size), 0.0 if dtype is None else 0,
+    return _full("zeros", unpack_sizes(size), 0.0 if dtype is None else 0,
                  placement, sbp, dtype, requires_grad)
 
 
 def ones(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
     """A tensor of ones; with a partial SBP the logical value is still ones."""
-    return _full("ones", _shape_args("ones", size), 1.0 if dtype is None else 1,
+    return _full("ones", unpack_sizes(size), 1.0 if dtype is None else 1,
                  placement, sbp, dtype, requires_grad)
 
 
@@ -297,25 +292,25 @@ def arange(start, end=None, step=1, placement=None, sbp=None, dtype=None,
 
 def _like(fn, x, fill, dtype, placement, sbp, requires_grad):
     return full(x.shape, fill_value=fill, placement=placement or x.placement,
-                sbp=sbp if sbp is not None else tuple(
-                    Broadcast() if isinstance(s, Partial) else s for s in x.sbp),
+                sbp=sbp if sbp is not None else without_partial(x.sbp),
                 dtype=dtype or x.dtype, requires_grad=requires_grad)
 
 
-@register("zeros_like")
 def zeros_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=False) -> Tensor:
     """Zeros with ``x``'s shape, dtype, placement and (non-partial) SBP."""
     return _like("zeros_like", x, 0, dtype, placement, sbp, requires_grad)
 
 
-@register("ones_like")
 def ones_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=False) -> Tensor:
     """Ones with ``x``'s shape, dtype, placement and (non-partial) SBP."""
     return _like("ones_like", x, 1, dtype, placement, sbp, requires_grad)
 
 
-@register("full_like")
 def full_like(x: Tensor, fill_value, dtype=None, placement=None, sbp=None,
               requires_grad=False) -> Tensor:
     return _like("full_like", x, fill_value, dtype, placement, sbp, requires_grad)
 
+
+# constructors the Tensor type and autograd call through the op registry
+for _fn in (tensor, zeros_like, ones_like, full_like):
+    OPS.declare(OpRecord(_fn.__name__, _fn))

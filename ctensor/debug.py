@@ -23,7 +23,9 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-__all__ = ["comm_log", "CommEvent", "CommLog", "current_op", "visualize", "Picture",
+from .comm import context
+
+__all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture",
            "check_consistency", "consistency_checks_enabled", "check_same_data",
            "boxing_step", "current_context", "describe_step"]
 
@@ -100,8 +102,6 @@ class CommLog(list):
 
 _LOCAL = ("slice", "pad_partial", "local", "relabel")
 _logs: list = []
-_op_stack: list = ["to_global"]
-_step_stack: list = []
 
 
 @contextlib.contextmanager
@@ -122,16 +122,6 @@ def comm_log() -> Iterator[CommLog]:
         _logs.remove(log)
 
 
-@contextlib.contextmanager
-def current_op(name: str) -> Iterator[None]:
-    """Name the op whose boxing is recorded (used by dispatch)."""
-    _op_stack.append(name)
-    try:
-        yield
-    finally:
-        _op_stack.pop()
-
-
 class boxing_step:
     """``with debug.boxing_step(step):`` around one boxing step, so that collective
     fingerprints and timeout messages can say which layouts it converts (used by boxing)."""
@@ -142,15 +132,15 @@ class boxing_step:
         self.step = step
 
     def __enter__(self):
-        _step_stack.append(self.step)
+        context.step_stack.append(self.step)
 
     def __exit__(self, *exc) -> None:
-        _step_stack.pop()
+        context.step_stack.pop()
 
 
 def current_context() -> tuple:
     """``(op name, boxing step or None)`` of the collective about to run."""
-    return _op_stack[-1], (_step_stack[-1] if _step_stack else None)
+    return context.current()
 
 
 def describe_step(step) -> str:
@@ -170,7 +160,7 @@ def record(step, nbytes: int) -> None:
     """Called by boxing for every step it runs."""
     if not _logs:
         return
-    event = CommEvent(_op_stack[-1], step.before.sbp, step.after.sbp, step.collective,
+    event = CommEvent(context.op_stack[-1], step.before.sbp, step.after.sbp, step.collective,
                       int(nbytes), step.mesh_axis)
     for log in _logs:
         log.append(event)

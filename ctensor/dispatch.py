@@ -1,83 +1,184 @@
-"""The op registry and the one dispatch path every op goes through.
+"""Op declarations and the one dispatch path every op goes through.
 
-An op is declared once (see ``ops/``) as an :class:`OpDef`:
+An op is declared once, in its family's module under ``ops/``, with :func:`defop`::
 
-* ``meta(layouts, **attrs)`` -> ``[(shape, dtype), ...]`` of the outputs; it validates the
-  arguments and raises ``ValueError``/``TypeError`` before any communication;
-* ``signatures(layouts, **attrs)`` -> the 1-D :class:`Signature` list (input SBPs ->
-  output SBPs), written for one mesh axis and expanded over N-D meshes here;
-* ``kernel(xp, *arrays, **attrs)`` -> the local result(s) of one shard (``ctx=`` is passed
-  too when the op declares ``needs_ctx``: the shard's rank and regions);
-* ``backward(ctx, *grads)`` -> one grad per tensor input, written in ctensor ops.
+    @defop(kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim),
+           meta=reduce_meta("sum"), signatures=reduce_signatures(P, P),
+           backward=_sum_backward, method=True)
+    def sum(op, x, dim=None, keepdim=False):
+        '''Sum over ``dim``.'''
+        return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
+
+One declaration makes:
+
+* the kernel declaration, an :class:`OpDef`:
+
+  - ``kernel(xp, *arrays, **attrs)`` -> the local result(s) of one shard, written against
+    the array module ``xp`` (NumPy or CuPy); ``ctx=`` (a :class:`KernelContext`: the
+    shard's rank and logical regions) is passed too when the op declares ``needs_ctx``;
+  - ``meta(layouts, **attrs)`` -> ``[(shape, dtype), ...]`` of the outputs; it validates
+    and raises ``ValueError``/``TypeError`` before any communication;
+  - ``signatures(layouts, **attrs)`` -> the 1-D :class:`Signature` list (input SBPs ->
+    output SBPs), written for one mesh axis and expanded over N-D meshes here;
+  - ``backward(ctx, *grads)`` -> one grad per tensor input, written in ctensor ops (a
+    :class:`BackwardContext` holds the boxed inputs, the outputs and the attributes);
+  - optionally ``composite(*tensors, **attrs)``: the same op written with other ops, run
+    when the cost model prefers a signature marked ``composite`` (softmax along a split
+    dim: a max and a sum over ranks instead of gathering the input);
+  - gradient kernels of its own, declared with :meth:`OpDef.grad_kernel` next to it;
+
+* the public function (``ct.sum``): the decorated *front* with its first parameter (the
+  OpDef) bound; the front parses the user's arguments into tensor inputs and attributes;
+* where ``method`` is given, the ``Tensor`` method of that name (``x.sum(...)``), bound to
+  the same function;
+* the record of all three in :data:`ctensor.registry.OPS`, the one registry.
+
+An op written entirely with other ops (``clamp``) is declared with :func:`defop` too,
+without a kernel: its front is the public function.
 
 :func:`apply` checks placements, computes the output metadata, picks per mesh axis the
-signature that moves the fewest bytes (ties: the earlier declared; cached per op,
-attributes and input layouts), boxes the inputs, runs the kernel on every held shard and
-records the op on the autograd tape.
+signature whose cost is lowest (ties: the earlier declared; cached per op, attributes and
+input layouts), boxes the inputs (each distinct input once), runs the kernel on every held
+shard and records the op on the autograd tape.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+import inspect
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import autograd, boxing, debug
+from . import autograd, boxing
+from .arrays import array_module
+from .comm import context
 from .layout import Layout
 from .placement import Placement
-from .runtime import array_module, get_default_dtype, world
+from .registry import OPS, OpRecord
+from .runtime import get_default_dtype, world
 from .sbp import Broadcast, format_sbp
-from .tensor import Tensor
+from .tensor import TENSOR_TYPES, Tensor
 
-__all__ = ["OpDef", "Signature", "apply", "op", "REGISTRY", "as_tensor", "KernelContext",
-           "BackwardContext", "sig"]
+__all__ = ["OpDef", "Signature", "sig", "defop", "apply", "as_tensor", "KernelContext",
+           "BackwardContext"]
 
 
 @dataclass(frozen=True)
 class Signature:
-    """One 1-D rule: the SBP each tensor input must have and the SBP of each output."""
+    """One 1-D rule: the SBP each tensor input must have and the SBP of each output.
+
+    ``composite``: this layout is served by the op's composite (written with other ops)
+    rather than by its kernel; ``comm(layouts, axis, **attrs)`` then estimates the bytes
+    per rank the composite moves itself along that mesh axis (its small reductions).
+    """
 
     inputs: tuple
     outputs: tuple
+    composite: bool = False
+    comm: Optional[Callable] = None
 
     def __repr__(self) -> str:
-        return f"{format_sbp(self.inputs)} -> {format_sbp(self.outputs)}"
+        mark = " (composite)" if self.composite else ""
+        return f"{format_sbp(self.inputs)} -> {format_sbp(self.outputs)}{mark}"
 
 
-def sig(inputs: Sequence, outputs) -> Signature:
+def sig(inputs: Sequence, outputs, composite: bool = False,
+        comm: Optional[Callable] = None) -> Signature:
     """Shorthand: ``sig([S(0), B], S(0))``."""
     outputs = tuple(outputs) if isinstance(outputs, (list, tuple)) else (outputs,)
-    return Signature(tuple(inputs), outputs)
+    return Signature(tuple(inputs), outputs, composite, comm)
 
 
-@dataclass
 class OpDef:
-    name: str
-    meta: Callable
-    signatures: Callable
-    kernel: Callable
-    backward: Optional[Callable] = None
-    needs_ctx: bool = False
-    n_outputs: int = 1
+    """The kernel declaration of one op (see the module docstring). Calling it runs the op
+    on tensor inputs: ``opdef(x, dims=(0,), keepdim=False)``."""
+
+    __slots__ = ("name", "kernel", "meta", "signatures", "backward", "needs_ctx",
+                 "n_outputs", "composite", "grads", "plan", "__weakref__")
+
+    def __init__(self, name: str, kernel: Callable, meta: Callable, signatures: Callable,
+                 backward: Optional[Callable] = None, needs_ctx: bool = False,
+                 n_outputs: int = 1, composite: Optional[Callable] = None,
+                 plan: Optional[Callable] = None):
+        self.name = name
+        self.kernel = kernel
+        self.meta = meta
+        self.signatures = signatures
+        self.backward = backward
+        self.needs_ctx = needs_ctx
+        self.n_outputs = n_outputs
+        self.composite = composite
+        self.plan = plan  # (layouts, **attrs) -> (targets, out_layouts): a fixed layout
+        self.grads: dict[str, OpDef] = {}
+
+    def __call__(self, *inputs, **attrs):
+        return apply(self, as_tensor(inputs, self.name), attrs)
+
+    def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
+                    signatures: Callable, needs_ctx: bool = False,
+                    backward: Optional[Callable] = None) -> "OpDef":
+        """Declare a kernel that computes a gradient of this op (``gelu.grad_kernel("grad",
+        ...)``), named ``<op>.<suffix>``. It is part of this op's declaration: it has no
+        public name and is reached through this OpDef (``opdef.grads[suffix]``)."""
+        child = OpDef(f"{self.name}.{suffix}", kernel, meta, signatures, backward, needs_ctx)
+        self.grads[suffix] = child
+        return child
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
 
 
-REGISTRY: dict[str, OpDef] = {}
+def _public(front: Callable, opdef: OpDef) -> Callable:
+    """The public function: ``front`` with its first parameter (the OpDef) bound."""
+    @functools.wraps(front)
+    def public(*args, **kwargs):
+        return front(opdef, *args, **kwargs)
+
+    params = list(inspect.signature(front).parameters.values())[1:]
+    public.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return public
 
 
-def op(name: str, *, meta: Callable, signatures: Callable, backward: Optional[Callable] = None,
-       needs_ctx: bool = False, n_outputs: int = 1) -> Callable:
-    """Decorator on a kernel: declare the op ``name`` (kernel, signatures, backward together)."""
-    def wrap(kernel: Callable) -> OpDef:
-        opdef = OpDef(name, meta, signatures, kernel, backward, needs_ctx, n_outputs)
-        REGISTRY[name] = opdef
-        return opdef
+def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
+          meta: Optional[Callable] = None, signatures: Optional[Callable] = None,
+          backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
+          composite: Optional[Callable] = None, plan: Optional[Callable] = None,
+          method=False) -> Callable:
+    """Declare an op (see the module docstring): decorates its front and returns the public
+    function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
+
+    ``name`` defaults to the front's name; ``method=True``
+    binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
+    """
+    def wrap(front: Callable) -> Callable:
+        opname = name or front.__name__
+        if kernel is None:
+            if any(v is not None for v in (meta, signatures, backward, composite, plan)):
+                raise TypeError(f"defop({opname!r}): meta, signatures, backward, composite "
+                                f"and plan need a kernel")
+            opdef, public = None, front
+        else:
+            if plan is None and (meta is None or signatures is None):
+                raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
+                                f"(or a fixed plan)")
+            opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
+                          composite, plan)
+            public = _public(front, opdef)
+        public.__name__ = opname
+        public.op = opdef  # type: ignore[attr-defined]
+        method_name = (opname if method is True else method) or None
+        OPS.declare(OpRecord(opname, public, opdef, method_name))
+        if method_name:
+            Tensor._bind_method(method_name, public)
+        return public
     return wrap
 
 
 @dataclass
 class KernelContext:
     """What a kernel may need about its shard: its rank and the logical regions
-    (``(start, stop)`` per dim) of its inputs and outputs."""
+    (``(start, stop)`` per dim) of its (boxed) inputs and of its outputs."""
 
     rank: int
     in_layouts: tuple
@@ -89,49 +190,27 @@ class KernelContext:
     def out_box(self, i: int = 0) -> tuple:
         return self.out_layouts[i].box(self.rank)
 
-    def coord(self) -> tuple:
-        return self.out_layouts[0].placement.coord(self.rank)
-
 
 @dataclass
 class BackwardContext:
-    """Handed to an op's backward: the (boxed) inputs, the outputs and the attributes."""
+    """Handed to an op's backward: the inputs as the kernel saw them (boxed), the
+    (detached) outputs, the attributes, the OpDef (whose gradient kernels the backward may
+    call) and the layouts the inputs had before boxing."""
 
     inputs: tuple
     outputs: tuple
     attrs: dict
-    extra: dict = field(default_factory=dict)
+    op: OpDef
+    in_layouts: tuple
 
 
-# --------------------------------------------------------------------------- helpers
-def _freeze(v):
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, slice):
-        return ("slice", v.start, v.stop, v.step)
-    if isinstance(v, np.ndarray):
-        return ("array", v.shape, v.dtype.str, v.tobytes())
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    return v
-
-
-def _attrs_key(attrs: dict):
-    """A hashable key of the op attributes (ops pass them in a fixed order)."""
-    key = tuple(attrs.items())
-    try:
-        hash(key)
-        return key
-    except TypeError:
-        return tuple((k, _freeze(v)) for k, v in attrs.items())
-
-
+# --------------------------------------------------------------------------- constants
 _constants: dict = {}
 
 
 def _constant(value, placement: Placement, dtype=None) -> Tensor:
     """A Python scalar or array as a broadcast constant on ``placement``. Scalars are cached
-    (tensors are immutable to ops, and internal constants never escape to in-place writes)."""
+    (their shards are read-only, so no in-place update can change a cached constant)."""
     scalar = isinstance(value, (bool, int, float))
     if scalar:
         key = (type(value), value, dtype, placement, world())
@@ -144,7 +223,13 @@ def _constant(value, placement: Placement, dtype=None) -> Tensor:
     xp = array_module(placement.device)
     layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
     held = [r for r in world().held_ranks if r in placement]
-    out = Tensor(layout, {r: xp.asarray(arr) for r in held})
+    shards = {}
+    for r in held:
+        a = xp.asarray(arr)
+        if scalar and xp is np:
+            a.flags.writeable = False
+        shards[r] = a
+    out = Tensor(layout, shards)
     if scalar:
         if len(_constants) > 4096:
             _constants.clear()
@@ -173,7 +258,7 @@ def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
     return np.asarray(value).dtype
 
 
-def _same_placement(opname: str, placements: list) -> Placement:
+def _same_placement(opname: str, placements: Sequence) -> Placement:
     """The one placement of an op's inputs; ``ValueError`` naming both when they differ."""
     first = placements[0]
     for p in placements[1:]:
@@ -183,13 +268,22 @@ def _same_placement(opname: str, placements: list) -> Placement:
     return first
 
 
-def as_tensor(values: Sequence, opname: str) -> list:
-    """Promote scalars/arrays among ``values`` to broadcast constants on the tensors'
-    placement; check that all tensors share one placement."""
-    if all(type(v) is Tensor for v in values):
-        placement = values[0].placement
-        if all(v.placement is placement or v.placement == placement for v in values):
-            return list(values)
+def as_tensor(values: Sequence, opname: str) -> tuple:
+    """``values`` as tensors: scalars and arrays among them become broadcast constants on
+    the tensors' placement (``None`` stays ``None``); all tensors must share one placement.
+    """
+    first = None
+    for v in values:  # fast path: tensors (Parameters too) on one placement
+        if type(v) not in TENSOR_TYPES:
+            break
+        p = v._layout.placement
+        if first is None:
+            first = p
+        elif p is not first and p != first:
+            break
+    else:
+        if first is not None:
+            return tuple(values)
     tensors = [v for v in values if isinstance(v, Tensor)]
     if not tensors:
         raise TypeError(f"{opname}: expected at least one ct.Tensor argument, got "
@@ -206,14 +300,37 @@ def as_tensor(values: Sequence, opname: str) -> list:
         else:
             raise TypeError(f"{opname}: unsupported operand {v!r} ({type(v).__name__}); "
                             f"expected a ct.Tensor, a Python number or a NumPy array")
-    return out
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- attributes
+def _freeze(v):
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, slice):
+        return ("slice", v.start, v.stop, v.step)
+    if isinstance(v, np.ndarray):
+        return ("array", v.shape, v.dtype.str, v.tobytes())
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+
+
+def _attrs_key(attrs: dict):
+    """A hashable key of the op attributes (fronts pass them in a fixed order)."""
+    key = tuple(attrs.items())
+    try:
+        hash(key)
+        return key
+    except TypeError:
+        return tuple((k, _freeze(v)) for k, v in attrs.items())
 
 
 # --------------------------------------------------------------------------- choice
 def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta) -> tuple:
     """Per mesh axis, the declared signature whose input boxing costs least (ties: the
-    earlier declared); returns (input layouts after boxing, output layouts). Called once per
-    (op, attributes, input layouts): apply caches the result."""
+    earlier declared). Returns ``(input layouts after boxing, output layouts, composite)``.
+    Called once per (op, attributes, input layouts): :func:`apply` caches the result."""
     placement = layouts[0].placement
     candidates = opdef.signatures(layouts, **attrs)
     if not candidates:
@@ -221,61 +338,112 @@ def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta) -> tuple:
                          f"{[format_sbp(l.sbp) for l in layouts]}")
     in_sbp = [list(l.sbp) for l in layouts]
     out_sbp = [[None] * placement.ndim for _ in out_meta]
+    # an output shaped like its inputs, when those agree on one layout, is expected back in
+    # that layout (the tensors it meets next are laid out alike): changing it must pay for
+    # the way back
+    hints = []
+    for shape, _ in out_meta:
+        alike = {l.sbp: l for l in layouts if l.shape == tuple(shape)}
+        hints.append(next(iter(alike.values())) if len(alike) == 1 else None)
+    composite = False
     for axis in range(placement.ndim):
         best, best_cost = None, None
         for cand in candidates:
             total = 0.0
+            seen = {}
             for i, l in enumerate(layouts):
                 if l.sbp[axis] == cand.inputs[i]:
                     continue
                 sbp = list(l.sbp)
                 sbp[axis] = cand.inputs[i]
-                total += boxing.cost(l, l.with_sbp(sbp)) + 1e-9 * (axis + 1)
+                target = l.with_sbp(sbp)
+                if seen.get(id(l)) is target:
+                    continue  # the same input boxed the same way: once
+                seen[id(l)] = target
+                total += boxing.cost(l, target) + 1e-9 * (axis + 1)
+            if cand.composite and cand.comm is not None:
+                total += cand.comm(layouts, axis, **attrs)
+            for j, hint in enumerate(hints):
+                if hint is not None and cand.outputs[j] != hint.sbp[axis]:
+                    sbp = list(hint.sbp)
+                    sbp[axis] = cand.outputs[j]
+                    out = Layout(hint.shape, np.dtype(out_meta[j][1]), placement, tuple(sbp))
+                    total += boxing.cost(out, out.with_sbp(hint.sbp))
             if best is None or total < best_cost:
                 best, best_cost = cand, total
+        composite = composite or best.composite
         for i in range(len(layouts)):
             in_sbp[i][axis] = best.inputs[i]
         for j in range(len(out_meta)):
             out_sbp[j][axis] = best.outputs[j]
+    if composite:  # the composite (ordinary ops) takes every input as it is
+        return layouts, (), True
     targets = tuple(l.with_sbp(s) for l, s in zip(layouts, in_sbp))
     outs = tuple(Layout(tuple(shape), np.dtype(dtype), placement, tuple(s))
                  for (shape, dtype), s in zip(out_meta, out_sbp))
-    return targets, outs
+    return targets, outs, False
 
 
 # --------------------------------------------------------------------------- apply
-_apply_cache: dict = {}
+_plans: dict = {}
 
 
 class _Plan:
-    """What one (op, attributes, input layouts) resolves to, computed once."""
+    """What one (op, attributes, input layouts) resolves to, computed once: the input
+    layouts after boxing (and which inputs share one boxing), the output layouts, the array
+    module, and each output's local shape per rank (so kernel bugs are caught)."""
 
-    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes")
+    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes", "composite")
 
-    def __init__(self, opdef: OpDef, targets: tuple, out_layouts: tuple):
+    def __init__(self, opdef: OpDef, targets: tuple, out_layouts: tuple, composite: bool):
         self.targets, self.out_layouts = targets, out_layouts
-        self.xp = array_module(out_layouts[0].placement.device)
+        self.composite = composite
         self.single = opdef.n_outputs == 1
-        # the local shape every output must have on each rank (kernel bugs are caught)
+        if composite:
+            self.xp, self.shapes = None, {}
+            return
+        self.xp = array_module(out_layouts[0].placement.device)
         p = out_layouts[0].placement
         self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
 
 
-def apply(name: str, inputs: Sequence, **attrs):
-    """Run op ``name`` on ``inputs`` (tensors; scalars already promoted) with ``attrs``."""
-    opdef = REGISTRY[name]
-    tensors = inputs
+def _plan(opdef: OpDef, layouts: tuple, attrs: dict) -> _Plan:
+    if opdef.plan is not None:
+        targets, outs = opdef.plan(layouts, **attrs)
+        return _Plan(opdef, targets, outs, False)
+    _same_placement(opdef.name, [l.placement for l in layouts])
+    out_meta = opdef.meta(layouts, **attrs)
+    return _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta))
+
+
+def _stale(opdef: OpDef, tensors: Sequence) -> None:
+    """Raise the error for tensors whose shards belong to another world (a finished
+    simulation), or re-raise the original problem."""
+    w = world()
+    for t in tensors:
+        missing = [r for r in w.held_ranks if r in t.placement and r not in t._shards]
+        if missing or any(r not in w.held_ranks for r in t._shards):
+            raise ValueError(f"{opdef.name}: an input tensor of shape {tuple(t.shape)} on "
+                             f"{t.placement!r} belongs to another world (its shards are those "
+                             f"of ranks {sorted(t._shards)}, this process now holds ranks "
+                             f"{list(w.held_ranks)}): tensors made inside a ct.simulate block "
+                             f"cannot be used after it ends; keep the work inside the block "
+                             f"or take its value with .numpy() before leaving it")
+
+
+def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
+    """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     layouts = tuple([t._layout for t in tensors])
-    key = (name, _attrs_key(attrs) if attrs else (), layouts)
-    plan = _apply_cache.get(key)
+    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts)
+    plan = _plans.get(key)
     if plan is None:
-        _same_placement(name, [l.placement for l in layouts])
-        out_meta = opdef.meta(layouts, **attrs)
-        plan = _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta))
-        if len(_apply_cache) > 65536:
-            _apply_cache.clear()
-        _apply_cache[key] = plan
+        plan = _plan(opdef, layouts, attrs)
+        if len(_plans) > 65536:
+            _plans.clear()
+        _plans[key] = plan
     targets, out_layouts, single = plan.targets, plan.out_layouts, plan.single
+    if plan.composite:  # written with other ops, which dispatch and record themselves
+        return opdef.composite(*tensors, **attrs)
 
     boxed = tensors
     for i, t in enumerate(tensors):
@@ -283,38 +451,48 @@ def apply(name: str, inputs: Sequence, **attrs):
         if t._layout is not target:
             if boxed is tensors:
                 boxed = list(tensors)
-            debug._op_stack.append(name)  # names the op in the communication log
-            try:
-                boxed[i] = Tensor(target, boxing.box(t._shards, t._layout, target))
-            finally:
-                debug._op_stack.pop()
+            for j in range(i):  # the same tensor boxed the same way earlier: reuse it
+                if tensors[j] is t and targets[j] is target:
+                    boxed[i] = boxed[j]
+                    break
+            else:
+                context.op_stack.append(opdef.name)  # names the op in the communication log
+                try:
+                    boxed[i] = Tensor(target, boxing.box(t._shards, t._layout, target))
+                finally:
+                    context.op_stack.pop()
 
     results: list = [{} for _ in out_layouts]
     xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
-    for rank in boxed[0]._shards:
-        arrays = [b._shards[rank] for b in boxed]
-        if opdef.needs_ctx:
-            out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts), **attrs)
-        else:
-            out = kernel(xp, *arrays, **attrs)
-        if single:
-            out = (out,)
-        expected = shapes[rank]
-        for j, arr in enumerate(out):
-            if type(arr) is not np.ndarray:
-                arr = xp.asarray(arr)
-            dtype = out_layouts[j].dtype
-            if arr.dtype is not dtype and arr.dtype != dtype:
-                arr = arr.astype(dtype)
-            if arr.shape != expected[j]:  # a kernel bug, never user error
-                layout = out_layouts[j]
-                raise RuntimeError(f"{name}: kernel returned local shape {arr.shape} on rank "
-                                   f"{rank}, expected {expected[j]} for "
-                                   f"{format_sbp(layout.sbp)} of {layout.shape}")
-            results[j][rank] = arr
+    try:
+        for rank in boxed[0]._shards:
+            arrays = [b._shards[rank] for b in boxed]
+            if opdef.needs_ctx:
+                out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
+                             **attrs)
+            else:
+                out = kernel(xp, *arrays, **attrs)
+            if single:
+                out = (out,)
+            expected = shapes[rank]
+            for j, arr in enumerate(out):
+                if type(arr) is not np.ndarray:
+                    arr = xp.asarray(arr)
+                dtype = out_layouts[j].dtype
+                if arr.dtype is not dtype and arr.dtype != dtype:
+                    arr = arr.astype(dtype)
+                if arr.shape != expected[j]:  # a kernel bug, never user error
+                    layout = out_layouts[j]
+                    raise RuntimeError(f"{opdef.name}: kernel returned local shape "
+                                       f"{arr.shape} on rank {rank}, expected {expected[j]} "
+                                       f"for {format_sbp(layout.sbp)} of {layout.shape}")
+                results[j][rank] = arr
+    except KeyError:
+        _stale(opdef, tensors)
+        raise
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
 
-    if opdef.backward is not None and autograd._grad_enabled:
+    if opdef.backward is not None and autograd.is_grad_enabled():
         for t in tensors:
             if t.requires_grad:
                 break
@@ -322,7 +500,8 @@ def apply(name: str, inputs: Sequence, **attrs):
             return outputs[0] if single else tuple(outputs)
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
-        ctx = BackwardContext(tuple(boxed), tuple([o.detach() for o in outputs]), attrs)
+        ctx = BackwardContext(tuple(boxed), tuple([o.detach() for o in outputs]), attrs, opdef,
+                              layouts)
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward):
@@ -330,5 +509,5 @@ def apply(name: str, inputs: Sequence, **attrs):
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)
 
-        autograd.record(name, tensors, outputs, backward_fn)
+        autograd.record(opdef.name, tensors, outputs, backward_fn)
     return outputs[0] if single else tuple(outputs)

@@ -17,7 +17,7 @@ class Layout:
     """Interned: equal layouts are the same object, so caches keyed by layouts hit by
     identity."""
 
-    __slots__ = ("shape", "dtype", "placement", "sbp", "_hash", "_boxes", "_shapes",
+    __slots__ = ("shape", "dtype", "placement", "sbp", "numel", "_hash", "_boxes", "_shapes",
                  "__weakref__")
     _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
@@ -27,6 +27,7 @@ class Layout:
         if self is None:
             self = object.__new__(cls)
             self.shape, self.dtype, self.placement, self.sbp = key
+            self.numel = int(np.prod(self.shape, dtype=np.int64))
             self._hash = hash(key)
             self._boxes = None
             self._shapes = None
@@ -72,7 +73,7 @@ class Layout:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+        return self.numel * self.dtype.itemsize
 
     def local_nbytes(self, rank: int) -> int:
         return int(np.prod(self.local_shape(rank), dtype=np.int64)) * self.dtype.itemsize

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._args import unpack_sizes
 from ._philox import Kind, Scratch, cuda_fill, elements_per_block, fill_blocks, philox4x32
 from .creation import generate, resolve
 from .layout import Layout
-from .sbp import Broadcast, Partial
+from .sbp import without_partial
 from .tensor import Tensor
 
 __all__ = ["Kind", "manual_seed", "initial_seed", "get_state", "set_state", "next_key", "region",
@@ -190,12 +191,6 @@ def _draw(layout: Layout, kind: int, requires_grad: bool = False, low: int = 0,
 
 
 # ------------------------------------------------------------------------------ public
-def _size(fn: str, size: tuple) -> tuple:
-    if len(size) == 1 and isinstance(size[0], (tuple, list)):
-        return tuple(size[0])
-    return tuple(size)
-
-
 def _float_layout(fn: str, shape, placement, sbp, dtype, requires_grad) -> Layout:
     layout = resolve(fn, shape, placement, sbp, dtype)
     if layout.dtype not in _FLOATS:
@@ -212,7 +207,7 @@ def rand(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = Fals
     >>> ct.manual_seed(0)
     >>> x = ct.rand(4, 8, placement=ct.placement("cpu", [0, 1]), sbp=ct.sbp.split(0))
     """
-    layout = _float_layout("rand", _size("rand", size), placement, sbp, dtype, requires_grad)
+    layout = _float_layout("rand", unpack_sizes(size), placement, sbp, dtype, requires_grad)
     return _draw(layout, Kind.UNIFORM, requires_grad)
 
 
@@ -222,7 +217,7 @@ def randn(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = Fal
     >>> ct.manual_seed(0)
     >>> w = ct.randn(16, 32, sbp=ct.sbp.broadcast, requires_grad=True)
     """
-    layout = _float_layout("randn", _size("randn", size), placement, sbp, dtype, requires_grad)
+    layout = _float_layout("randn", unpack_sizes(size), placement, sbp, dtype, requires_grad)
     return _draw(layout, Kind.NORMAL, requires_grad)
 
 
@@ -261,7 +256,7 @@ def _like(fn: str, kind: int, x: Tensor, dtype, placement, sbp, requires_grad) -
     if not isinstance(x, Tensor):
         raise TypeError(f"{fn}: argument 'x' must be a ct.Tensor, got {type(x).__name__}")
     if sbp is None:
-        sbp = tuple(Broadcast() if isinstance(s, Partial) else s for s in x.sbp)
+        sbp = without_partial(x.sbp)
     layout = _float_layout(fn, x.shape, placement or x.placement, sbp,
                            x.dtype if dtype is None else dtype, requires_grad)
     return _draw(layout, kind, requires_grad)

@@ -26,7 +26,7 @@ import numpy as np
 __all__ = [
     "SBP", "Split", "Broadcast", "Partial", "ReduceOp", "split", "broadcast",
     "partial_sum", "partial_max", "partial_min", "split_sizes", "split_range",
-    "local_box", "local_shape", "normalize_sbp", "format_sbp",
+    "local_box", "local_shape", "normalize_sbp", "format_sbp", "without_partial", "dual",
 ]
 
 
@@ -111,6 +111,28 @@ broadcast = Broadcast()
 partial_sum = Partial(ReduceOp.SUM)
 partial_max = Partial(ReduceOp.MAX)
 partial_min = Partial(ReduceOp.MIN)
+
+
+def without_partial(sbp: Iterable) -> tuple:
+    """``sbp`` with every partial entry replaced by broadcast: the layout a partial tensor
+    has once it is reduced (splits stay).
+
+    >>> ct.sbp.without_partial((ct.sbp.partial_sum, ct.sbp.split(0)))
+    (B, S(0))
+    """
+    return tuple(broadcast if isinstance(s, Partial) else s for s in sbp)
+
+
+def dual(sbp: Iterable) -> tuple:
+    """The SBP of a gradient that flows back through a layout: broadcast <-> partial sum
+    (a replicated value's gradient is the sum of every replica's contribution; a partial
+    value's gradient is the same on every rank); splits stay.
+
+    >>> ct.sbp.dual((ct.sbp.broadcast, ct.sbp.split(1)))
+    (P, S(1))
+    """
+    return tuple(partial_sum if isinstance(s, Broadcast) else
+                 broadcast if isinstance(s, Partial) else s for s in sbp)
 
 
 def format_sbp(sbp: Iterable) -> str:

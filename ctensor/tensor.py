@@ -2,21 +2,31 @@
 
 A :class:`Tensor` is *logical*: its shape is the whole tensor's, whatever the layout.
 ``_shards`` maps each rank this process holds (and the placement contains) to that rank's
-NumPy/CuPy array. The type holds no op bodies and does no communication: operators and
-methods call the functions that ``ops/`` registered in :mod:`ctensor.registry`.
+NumPy/CuPy array. The type holds no op bodies: its operators call the op functions in
+:data:`ctensor.registry.OPS`, and its op methods (``x.sum()``, ``x.reshape()``, ...) are the
+public op functions themselves, bound by their declarations in ``ops/`` (see
+:func:`ctensor.dispatch.defop`). It communicates only through ops: the value accessors
+(``numpy``, ``item``, ``bool``, ``float``, ``repr`` in one process) run ``to_global``, which
+gathers, and are therefore collective.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
+from . import autograd
+from .arrays import is_host
 from .layout import Layout
+from .placement import Placement
 from .registry import OPS
 from .runtime import Mode, world
-from .sbp import format_sbp
+from .sbp import Broadcast, format_sbp
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "TENSOR_TYPES"]
+
+#: Tensor and its subclasses (nn.Parameter): the dispatch fast path checks ``type(v) in``
+TENSOR_TYPES: set = set()
 
 
 class Tensor:
@@ -30,6 +40,9 @@ class Tensor:
                  "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
+    #: names of the op methods bound by op declarations (``defop(..., method=...)``)
+    _op_methods: dict = {}
+
     def __init__(self, layout: Layout, shards: dict, requires_grad: bool = False):
         self._layout = layout
         self._shards = shards
@@ -38,6 +51,20 @@ class Tensor:
         self._node = None  # autograd.Node that produced this tensor (None for leaves)
         self._out_index = 0  # which output of that node this tensor is
         self._version = 0
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        TENSOR_TYPES.add(cls)
+
+    @classmethod
+    def _bind_method(cls, name: str, fn: Callable) -> None:
+        """Make the op function ``fn`` the method ``Tensor.<name>`` (called by op
+        declarations only; a name the class defines itself is never replaced)."""
+        if name in cls._op_methods or name in cls.__dict__:
+            raise RuntimeError(f"Tensor.{name} is already defined; op declarations cannot "
+                               f"replace it")
+        cls._op_methods[name] = fn
+        setattr(cls, name, fn)
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -80,7 +107,7 @@ class Tensor:
         return self.shape if dim is None else self.shape[dim]
 
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return self._layout.numel
 
     def __len__(self) -> int:
         if not self.shape:
@@ -128,8 +155,16 @@ class Tensor:
         return OPS.to_global(self, placement, sbp)
 
     def numpy(self) -> np.ndarray:
-        """The whole logical value as a NumPy array, on every rank of the world (collective)."""
-        return OPS.full_value(self)
+        """A copy of the whole logical value as a NumPy array, on every rank of the world
+        (collective: a tensor that is not broadcast over the world is gathered)."""
+        w = world()
+        everyone = Placement(self.placement.device, list(range(w.size)))
+        if set(self.placement.rank_list) == set(everyone.rank_list):
+            everyone = self.placement
+        with autograd.no_grad():
+            full = OPS.to_global(self, everyone, (Broadcast(),) * everyone.ndim)
+        arr = full._shards[w.held_ranks[0]]
+        return np.array(arr, copy=True) if is_host(arr) else arr.get()
 
     def item(self):
         """The value of a one-element tensor as a Python scalar (collective)."""
@@ -139,6 +174,7 @@ class Tensor:
         return self.numpy().reshape(()).item()
 
     def tolist(self):
+        """The logical value as nested Python lists (collective)."""
         return self.numpy().tolist()
 
     def __float__(self) -> float:
@@ -160,7 +196,7 @@ class Tensor:
                 f"placement={self.placement!r}, sbp={format_sbp(self.sbp)}{grad}")
         if world().mode is not Mode.MPI and self.numel() <= 64 and self._shards:
             try:  # in one process the value is at hand without asking other processes
-                body = np.array2string(OPS.full_value(self), separator=", ", prefix="       ")
+                body = np.array2string(self.numpy(), separator=", ", prefix="       ")
                 return head + f",\n       {body})"
             except Exception:  # noqa: BLE001 - repr must never raise
                 pass
@@ -168,23 +204,48 @@ class Tensor:
 
     def visualize(self) -> str:
         """A text picture of the layout (see :func:`ct.debug.visualize`)."""
-        from .debug import visualize
+        from .debug import visualize  # debug imports the world, not this module
         return visualize(self)
 
     # ----------------------------------------------------------------- autograd
     def backward(self, grad: Optional["Tensor"] = None, retain_graph: bool = False) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (collective)."""
-        from .autograd import backward
-        backward(self, grad, retain_graph=retain_graph)
+        """Accumulate d(self)/d(leaf) into every leaf's ``.grad`` (collective).
+
+        ``grad`` (a ct.Tensor or a NumPy array of this tensor's shape) is required unless
+        the tensor has one element.
+        """
+        if not self.requires_grad:
+            raise ValueError("backward: the tensor does not require grad (no input of the "
+                             "computation had requires_grad=True, or it ran under ct.no_grad())")
+        if grad is None:
+            if self.numel() != 1:
+                raise ValueError(f"backward: grad can be implicitly created only for scalar "
+                                 f"outputs; the tensor has shape {tuple(self.shape)}, pass "
+                                 f"grad= with that shape")
+            grad = OPS.ones_like(self)
+        elif isinstance(grad, (np.ndarray, np.generic, list, float, int)):
+            grad = OPS.tensor(np.asarray(grad, dtype=self.dtype), placement=self.placement,
+                              sbp=tuple(Broadcast() for _ in self.sbp))
+        elif not isinstance(grad, Tensor):
+            raise TypeError(f"backward: argument 'grad' must be a ct.Tensor or a NumPy array, "
+                            f"got {type(grad).__name__}")
+        if tuple(grad.shape) != tuple(self.shape):
+            raise ValueError(f"backward: argument 'grad' has shape {tuple(grad.shape)} but the "
+                             f"tensor has shape {tuple(self.shape)}")
+        autograd.backward(self, grad, retain_graph=retain_graph)
 
     def detach(self) -> "Tensor":
         """The same shards, cut from the graph (no copy)."""
         return Tensor(self._layout, self._shards)
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Turn gradient tracking on (or off) for this leaf; floating tensors only."""
         if not self.is_leaf and not requires_grad:
             raise ValueError("requires_grad_: a non-leaf tensor cannot stop requiring grad; "
                              "use detach()")
+        if requires_grad and self.dtype.kind not in "fc":
+            raise ValueError(f"requires_grad_: only floating tensors can require grad, got "
+                             f"dtype {self.dtype}; convert it with .float() first")
         self.requires_grad = bool(requires_grad)
         return self
 
@@ -235,37 +296,10 @@ class Tensor:
     def __getitem__(self, index): return OPS.getitem(self, index)
     __hash__ = object.__hash__
 
-    # the most used methods, spelled out (no per-call lookup); every other registered op
-    # is reachable through __getattr__ below
-    def sum(self, dim=None, keepdim=False): return OPS.sum(self, dim, keepdim)
-    def mean(self, dim=None, keepdim=False): return OPS.mean(self, dim, keepdim)
-    def max(self, dim=None, keepdim=False): return OPS.max(self, dim, keepdim)
-    def min(self, dim=None, keepdim=False): return OPS.min(self, dim, keepdim)
-    def exp(self): return OPS.exp(self)
-    def log(self): return OPS.log(self)
-    def sqrt(self): return OPS.sqrt(self)
-    def tanh(self): return OPS.tanh(self)
-    def relu(self): return OPS.relu(self)
-    def pow(self, exponent): return OPS.pow(self, exponent)
-    def reshape(self, *shape): return OPS.reshape(self, *shape)
-    def view(self, *shape): return OPS.view(self, *shape)
-    def transpose(self, dim0, dim1): return OPS.transpose(self, dim0, dim1)
-    def permute(self, *dims): return OPS.permute(self, *dims)
-    def unsqueeze(self, dim): return OPS.unsqueeze(self, dim)
-    def matmul(self, other): return OPS.matmul(self, other)
-    def to(self, dtype): return OPS.to(self, dtype)
-
-    def __getattr__(self, name: str) -> Any:
-        # methods such as x.sum(), x.reshape(), x.exp() are the registered ops of that name
-        if name.startswith("_"):
-            raise AttributeError(name)
-        try:
-            fn = getattr(OPS, name)
-        except AttributeError:
-            raise AttributeError(f"'Tensor' object has no attribute {name!r}") from None
-        return lambda *args, **kwargs: fn(self, *args, **kwargs)
-
     @property
     def T(self) -> "Tensor":
         """The tensor with its dims reversed."""
         return OPS.permute(self, *reversed(range(self.ndim)))
+
+
+TENSOR_TYPES.add(Tensor)

@@ -12,8 +12,10 @@ big tensor. Examples:
   MLP, with one all-reduce at the end.
 
 The kernels these need of their own (embedding lookup, the target pick, fused softmax,
-layer norm and cross entropy for unsplit dims, the causal mask) are core ops in
-``ctensor/ops/nn_ops.py``; a function here picks no layout itself.
+layer norm and cross entropy, the causal mask) are core ops in ``ctensor/ops/``
+(``embedding.py``, ``loss.py``, ``softmax.py``, ``normalization.py``, ``masking.py``),
+which also choose between a fused kernel and a composite by cost; a function here picks no
+layout itself.
 """
 from __future__ import annotations
 
@@ -160,16 +162,10 @@ def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "me
     """
     _check_float("cross_entropy", "input", logits)
     _check_tensor("cross_entropy", "target", target)
-    if target.dtype.kind not in "iu":
-        raise TypeError(f"cross_entropy: argument 'target' must be an integer tensor of class "
-                        f"ids, got {target.dtype}")
-    if logits.ndim == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"cross_entropy: target of shape {tuple(target.shape)} does not "
-                         f"match logits of shape {tuple(logits.shape)}; accepted: target shape "
-                         f"== logits.shape[:-1] (class dim last)")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"cross_entropy: argument 'reduction' is {reduction!r}, accepted "
                          f"{_REDUCTIONS}")
+    # the op checks the target's dtype and shape (class dim last)
     loss = ct.softmax_cross_entropy(logits, target, ignore_index=ignore_index)
     if reduction == "none":
         return loss

@@ -1,8 +1,13 @@
-"""Op families. Importing this package registers every op (kernel, signatures, backward)."""
+"""Op families. Importing this package declares every op (kernel, signatures, backward,
+public function and Tensor method together, see :func:`ctensor.dispatch.defop`)."""
 from . import redistribute  # noqa: F401
 from . import elementwise  # noqa: F401
 from . import reduction  # noqa: F401
 from . import linalg  # noqa: F401
 from . import shape  # noqa: F401
 from . import indexing  # noqa: F401
-from . import nn_ops  # noqa: F401
+from . import masking  # noqa: F401
+from . import embedding  # noqa: F401
+from . import loss  # noqa: F401
+from . import softmax  # noqa: F401
+from . import normalization  # noqa: F401

@@ -5,8 +5,10 @@ from typing import Sequence
 
 import numpy as np
 
+from .._args import norm_dim
 from ..dispatch import Signature, sig
-from ..sbp import Broadcast, Partial, ReduceOp, Split
+from ..registry import OPS
+from ..sbp import Broadcast, Partial, ReduceOp, Split, dual, without_partial
 
 B = Broadcast()
 P = Partial(ReduceOp.SUM)
@@ -22,17 +24,6 @@ def broadcast_shapes(opname: str, *shapes) -> tuple:
     except ValueError:
         raise ValueError(f"{opname}: shapes {', '.join(str(tuple(s)) for s in shapes)} cannot "
                          f"be broadcast together (each dim must match or be 1)") from None
-
-
-def norm_dim(opname: str, dim, ndim: int, arg: str = "dim") -> int:
-    """``dim`` made non-negative; ``ValueError`` naming the op when out of range."""
-    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
-        raise TypeError(f"{opname}: argument '{arg}' must be an int, got {dim!r}")
-    lo, hi = -max(ndim, 1), max(ndim, 1) - 1
-    if not lo <= dim <= hi:
-        raise ValueError(f"{opname}: argument '{arg}' is {dim} but the tensor has {ndim} "
-                         f"dims; accepted {lo}..{hi}")
-    return int(dim) % max(ndim, 1)
 
 
 def elementwise_signatures(layouts: Sequence, out_shape: tuple, partial: Sequence = ()) -> list:
@@ -66,5 +57,54 @@ def result_dtype(opname: str, dtypes: Sequence) -> np.dtype:
         raise TypeError(f"{opname}: no common dtype for {[str(d) for d in dtypes]}") from None
 
 
+def transposed_signatures(forward: Sequence, wrt: int, order: Sequence) -> list:
+    """The signatures of the kernel that computes the gradient of a *linear* op with respect
+    to its input ``wrt``, derived from the forward op's signatures (so the two lists never
+    drift apart). Each forward rule ``ins -> out`` gives ``grad ins -> dual(ins[wrt])``,
+    where the gradient kernel's inputs are, per entry of ``order``: ``"g"`` -> the incoming
+    gradient, laid out ``dual(out)``, and ``i`` -> forward input ``i`` with its forward SBP
+    (the transpose of a linear map sends the dual layouts back). Every input broadcast ->
+    broadcast (each rank computing the whole gradient) comes first; rules with P(max) or
+    P(min) are left out (they are not linear), duplicates are dropped.
+    """
+    out = [sig([B] * len(order), B)]
+    for rule in forward:
+        entries = list(rule.inputs) + list(rule.outputs)
+        if any(isinstance(s, Partial) and s.op is not ReduceOp.SUM for s in entries):
+            continue
+        ins = [dual((rule.outputs[0],))[0] if i == "g" else rule.inputs[i] for i in order]
+        cand = sig(ins, dual((rule.inputs[wrt],))[0])
+        if cand not in out:
+            out.append(cand)
+    return out
+
+
+def row_stats_comm(n_reductions: int, dims_of):
+    """The ``comm`` estimate of a composite that reduces ``n_reductions`` row statistics
+    (max, sum, mean) over the dims ``dims_of(layout, attrs)`` of its first input: each is
+    an all-reduce of one value per row (bytes per rank, ring all-reduce)."""
+    def comm(layouts, axis, **attrs):
+        x = layouts[0]
+        reduced_size = int(np.prod([x.shape[d] for d in dims_of(x, attrs)], dtype=np.int64))
+        rows = x.numel // max(1, reduced_size)
+        k = x.placement.shape[axis]
+        return n_reductions * 2.0 * (k - 1) / k * rows * x.dtype.itemsize
+    return comm
+
+
+def reduced(t):
+    """``t`` with its partial axes reduced (boxed to broadcast): a small reduction result
+    made whole before it meets the big tensor it normalises."""
+    if not t._layout.has_partial:
+        return t
+    return OPS.to_global(t, None, without_partial(t.sbp))
+
+
+def split_along(layout, dim: int) -> bool:
+    """Whether some mesh axis splits ``dim``."""
+    return any(isinstance(s, Split) and s.dim == dim for s in layout.sbp)
+
+
 __all__ = ["B", "P", "PMAX", "PMIN", "S", "Signature", "sig", "broadcast_shapes", "norm_dim",
-           "elementwise_signatures", "result_dtype"]
+           "elementwise_signatures", "result_dtype", "transposed_signatures",
+           "row_stats_comm", "reduced", "split_along"]

@@ -20,8 +20,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..dispatch import apply, as_tensor, op
-from ..registry import OPS, register
+from ..dispatch import as_tensor, defop
+from ..registry import OPS
 from ..runtime import get_default_dtype
 from ._rules import B, P, broadcast_shapes, elementwise_signatures, result_dtype
 
@@ -40,59 +40,54 @@ def sum_to(g, shape: tuple):
     return g
 
 
-def _float_dtype(dtype: np.dtype) -> np.dtype:
+def float_dtype(dtype: np.dtype) -> np.dtype:
+    """``dtype`` if it is floating or complex, else the default float dtype."""
     return dtype if dtype.kind in "fc" else get_default_dtype()
 
 
-def _binary_meta(name: str, kind: str):
-    def meta(layouts, **_):
+def _out_dtype(kind: str, dtype: np.dtype) -> np.dtype:
+    if kind == "bool":
+        return np.dtype(bool)
+    if kind == "float":
+        return float_dtype(dtype)
+    return dtype
+
+
+def _binary(name: str, kernel: Callable, backward, partial=(), kind: str = "same",
+            method: bool = True, doc: str = ""):
+    """Declare the broadcasting binary op ``name``; ``kind`` is the output dtype rule
+    ("same": promoted, "float": promoted then floating, "bool")."""
+    def meta(layouts):
         shape = broadcast_shapes(name, *(l.shape for l in layouts))
-        dtype = result_dtype(name, [l.dtype for l in layouts])
-        if kind == "bool":
-            dtype = np.dtype(bool)
-        elif kind == "float":
-            dtype = _float_dtype(dtype)
-        return [(shape, dtype)]
-    return meta
+        return [(shape, _out_dtype(kind, result_dtype(name, [l.dtype for l in layouts])))]
 
-
-def _declare_binary(name: str, kernel: Callable, backward, partial=(), kind="same"):
-    meta = _binary_meta(name, kind)
-
-    def signatures(layouts, **_):
+    def signatures(layouts):
         shape = broadcast_shapes(name, *(l.shape for l in layouts))
         return elementwise_signatures(layouts, shape, partial)
 
-    op(name, meta=meta, signatures=signatures, backward=backward)(kernel)
-
-    def fn(a, b):
-        return apply(name, as_tensor([a, b], name))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise ``{name}`` with broadcasting (``ct.{name}(a, b)``)."
-    register(name)(fn)
-    return fn
+    def front(op, a, b):
+        return op(a, b)
+    front.__name__ = name
+    front.__doc__ = doc or f"Elementwise ``{name}`` with broadcasting (``ct.{name}(a, b)``)."
+    return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
+                 method=method)(front)
 
 
-def _declare_unary(name: str, kernel: Callable, backward, partial=False, kind="same"):
-    def meta(layouts, **_):
-        dtype = layouts[0].dtype
-        if kind == "float":
-            dtype = _float_dtype(dtype)
-        elif kind == "bool":
-            dtype = np.dtype(bool)
-        return [(layouts[0].shape, dtype)]
+def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: str = "same",
+           method: bool = True, doc: str = ""):
+    """Declare the unary op ``name`` (``partial``: linear, so P -> P holds)."""
+    def meta(layouts):
+        return [(layouts[0].shape, _out_dtype(kind, layouts[0].dtype))]
 
-    def signatures(layouts, **_):
+    def signatures(layouts):
         return elementwise_signatures(layouts, layouts[0].shape, [(P,)] if partial else ())
 
-    op(name, meta=meta, signatures=signatures, backward=backward)(kernel)
-
-    def fn(x):
-        return apply(name, as_tensor([x], name))
-    fn.__name__ = name
-    fn.__doc__ = f"Elementwise ``{name}`` (``x.{name}()`` or ``ct.{name}(x)``)."
-    register(name)(fn)
-    return fn
+    def front(op, x):
+        return op(x)
+    front.__name__ = name
+    front.__doc__ = doc or f"Elementwise ``{name}`` (``x.{name}()`` or ``ct.{name}(x)``)."
+    return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
+                 method=method)(front)
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -125,32 +120,32 @@ def _pow_bw(ctx, g):
     return ga, gb
 
 
-add = _declare_binary("add", lambda xp, a, b: xp.add(a, b), _add_bw, partial=[(P, P)])
-sub = _declare_binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P)])
-mul = _declare_binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw,
-                      partial=[(P, B), (B, P)])
-div = _declare_binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P, B)], kind="float")
-pow = _declare_binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001
-maximum = _declare_binary(
-    "maximum", lambda xp, a, b: xp.maximum(a, b),
-    lambda ctx, g: (sum_to(OPS.where(ctx.inputs[0] >= ctx.inputs[1], g, 0.0),
-                           ctx.inputs[0].shape),
-                    sum_to(OPS.where(ctx.inputs[0] < ctx.inputs[1], g, 0.0),
-                           ctx.inputs[1].shape)))
-minimum = _declare_binary(
-    "minimum", lambda xp, a, b: xp.minimum(a, b),
-    lambda ctx, g: (sum_to(OPS.where(ctx.inputs[0] <= ctx.inputs[1], g, 0.0),
-                           ctx.inputs[0].shape),
-                    sum_to(OPS.where(ctx.inputs[0] > ctx.inputs[1], g, 0.0),
-                           ctx.inputs[1].shape)))
+def _select_bw(keep_first: Callable):
+    """Backward of maximum/minimum: the gradient goes where each input was selected."""
+    def backward(ctx, g):
+        a, b = ctx.inputs
+        first = keep_first(a, b)
+        return (sum_to(OPS.where(first, g, 0.0), a.shape),
+                sum_to(OPS.where(first, 0.0, g), b.shape))
+    return backward
+
+
+add = _binary("add", lambda xp, a, b: xp.add(a, b), _add_bw, partial=[(P, P)])
+sub = _binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P)])
+mul = _binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw, partial=[(P, B), (B, P)])
+div = _binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P, B)],
+              kind="float")
+pow = _binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001
+maximum = _binary("maximum", lambda xp, a, b: xp.maximum(a, b),
+                  _select_bw(lambda a, b: a >= b))
+minimum = _binary("minimum", lambda xp, a, b: xp.minimum(a, b),
+                  _select_bw(lambda a, b: a <= b))
 
 for _name, _fn in [("eq", "equal"), ("ne", "not_equal"), ("lt", "less"),
-                   ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal")]:
-    _declare_binary(_name, (lambda f: lambda xp, a, b: getattr(xp, f)(a, b))(_fn), None,
-                    kind="bool")
-_declare_binary("logical_and", lambda xp, a, b: xp.logical_and(a, b), None, kind="bool")
-_declare_binary("logical_or", lambda xp, a, b: xp.logical_or(a, b), None, kind="bool")
-_declare_unary("logical_not", lambda xp, x: xp.logical_not(x), None, kind="bool")
+                   ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
+                   ("logical_and", "logical_and"), ("logical_or", "logical_or")]:
+    _binary(_name, (lambda f: lambda xp, a, b: getattr(xp, f)(a, b))(_fn), None, kind="bool")
+_unary("logical_not", lambda xp, x: xp.logical_not(x), None, kind="bool")
 
 
 # ----------------------------------------------------------------------------- unary maths
@@ -164,33 +159,31 @@ def _erf(xp, x):
     return erf(x)
 
 
-neg = _declare_unary("neg", lambda xp, x: xp.negative(x), lambda ctx, g: (-g,), partial=True)
-abs = _declare_unary("abs", lambda xp, x: xp.abs(x),  # noqa: A001
-                     lambda ctx, g: (g * OPS.sign(ctx.inputs[0]),))
-sign = _declare_unary("sign", lambda xp, x: xp.sign(x), lambda ctx, g: (g * 0.0,))
-exp = _declare_unary("exp", lambda xp, x: xp.exp(x), lambda ctx, g: (g * ctx.outputs[0],),
-                     kind="float")
-log = _declare_unary("log", lambda xp, x: xp.log(x), lambda ctx, g: (g / ctx.inputs[0],),
-                     kind="float")
-sqrt = _declare_unary("sqrt", lambda xp, x: xp.sqrt(x),
-                      lambda ctx, g: (g * 0.5 / ctx.outputs[0],), kind="float")
-rsqrt = _declare_unary("rsqrt", lambda xp, x: 1.0 / xp.sqrt(x),
-                       lambda ctx, g: (g * -0.5 * ctx.outputs[0] ** 3,), kind="float")
-tanh = _declare_unary("tanh", lambda xp, x: xp.tanh(x),
-                      lambda ctx, g: (g * (1.0 - ctx.outputs[0] * ctx.outputs[0]),),
-                      kind="float")
-sigmoid = _declare_unary("sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0),
-                         lambda ctx, g: (g * ctx.outputs[0] * (1.0 - ctx.outputs[0]),),
-                         kind="float")
-relu = _declare_unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype),
-                      lambda ctx, g: (OPS.where(ctx.inputs[0] > 0, g, 0.0),))
-square = _declare_unary("square", lambda xp, x: x * x, lambda ctx, g: (2.0 * g * ctx.inputs[0],))
-sin = _declare_unary("sin", lambda xp, x: xp.sin(x),
-                     lambda ctx, g: (g * OPS.cos(ctx.inputs[0]),), kind="float")
-cos = _declare_unary("cos", lambda xp, x: xp.cos(x),
-                     lambda ctx, g: (-g * OPS.sin(ctx.inputs[0]),), kind="float")
+neg = _unary("neg", lambda xp, x: xp.negative(x), lambda ctx, g: (-g,), partial=True)
+abs = _unary("abs", lambda xp, x: xp.abs(x),  # noqa: A001
+             lambda ctx, g: (g * OPS.sign(ctx.inputs[0]),))
+sign = _unary("sign", lambda xp, x: xp.sign(x), lambda ctx, g: (g * 0.0,))
+exp = _unary("exp", lambda xp, x: xp.exp(x), lambda ctx, g: (g * ctx.outputs[0],),
+             kind="float")
+log = _unary("log", lambda xp, x: xp.log(x), lambda ctx, g: (g / ctx.inputs[0],), kind="float")
+sqrt = _unary("sqrt", lambda xp, x: xp.sqrt(x), lambda ctx, g: (g * 0.5 / ctx.outputs[0],),
+              kind="float")
+rsqrt = _unary("rsqrt", lambda xp, x: 1.0 / xp.sqrt(x),
+               lambda ctx, g: (g * -0.5 * ctx.outputs[0] ** 3,), kind="float")
+tanh = _unary("tanh", lambda xp, x: xp.tanh(x),
+              lambda ctx, g: (g * (1.0 - ctx.outputs[0] * ctx.outputs[0]),), kind="float")
+sigmoid = _unary("sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0),
+                 lambda ctx, g: (g * ctx.outputs[0] * (1.0 - ctx.outputs[0]),), kind="float")
+relu = _unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype),
+              lambda ctx, g: (OPS.where(ctx.inputs[0] > 0, g, 0.0),))
+square = _unary("square", lambda xp, x: x * x, lambda ctx, g: (2.0 * g * ctx.inputs[0],))
+sin = _unary("sin", lambda xp, x: xp.sin(x), lambda ctx, g: (g * OPS.cos(ctx.inputs[0]),),
+             kind="float")
+cos = _unary("cos", lambda xp, x: xp.cos(x), lambda ctx, g: (-g * OPS.sin(ctx.inputs[0]),),
+             kind="float")
 
 
+# ----------------------------------------------------------------------------- gelu
 def _gelu_kernel(xp, x, approximate="none"):
     if approximate == "tanh":
         return 0.5 * x * (1.0 + xp.tanh(_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)))
@@ -209,28 +202,29 @@ def _gelu_grad_kernel(xp, g, x, approximate="none"):
 
 
 def _gelu_meta(layouts, **_):
-    return [(layouts[-1].shape, _float_dtype(layouts[-1].dtype))]
+    return [(layouts[-1].shape, float_dtype(layouts[-1].dtype))]
 
 
-op("gelu_grad", meta=_gelu_meta,
-   signatures=lambda layouts, **_: elementwise_signatures(layouts, layouts[0].shape))(
-    _gelu_grad_kernel)
-op("gelu", meta=_gelu_meta,
-   signatures=lambda layouts, **_: elementwise_signatures(layouts, layouts[0].shape),
-   backward=lambda ctx, g: (apply("gelu_grad", [g, ctx.inputs[0]], **ctx.attrs),))(_gelu_kernel)
+def _same_shape_signatures(layouts, **_):
+    return elementwise_signatures(layouts, layouts[0].shape)
 
 
-@register("gelu")
-def gelu(x, approximate: str = "none"):
+@defop(kernel=_gelu_kernel, meta=_gelu_meta, signatures=_same_shape_signatures,
+       backward=lambda ctx, g: (ctx.op.grads["grad"](g, ctx.inputs[0], **ctx.attrs),))
+def gelu(op, x, approximate: str = "none"):
     """GELU: ``x * Phi(x)`` (``approximate="tanh"`` for the GPT-2 tanh form)."""
     if approximate not in ("none", "tanh"):
         raise ValueError(f"gelu: argument 'approximate' must be 'none' or 'tanh', got "
                          f"{approximate!r}")
-    return apply("gelu", as_tensor([x], "gelu"), approximate=approximate)
+    return op(x, approximate=approximate)
+
+
+gelu.op.grad_kernel("grad", _gelu_grad_kernel, meta=_gelu_meta,
+                    signatures=_same_shape_signatures)
 
 
 # ----------------------------------------------------------------------------- selection
-def _where_meta(layouts, **_):
+def _where_meta(layouts):
     c, x, y = layouts
     if c.dtype != np.dtype(bool):
         raise TypeError(f"where: argument 'condition' must be a bool tensor, got {c.dtype}")
@@ -238,28 +232,24 @@ def _where_meta(layouts, **_):
              result_dtype("where", [x.dtype, y.dtype]))]
 
 
-def _where_signatures(layouts, **_):
+def _where_signatures(layouts):
     shape = broadcast_shapes("where", *(l.shape for l in layouts))
     return elementwise_signatures(layouts, shape, [(B, P, P)])
 
 
 def _where_bw(ctx, g):
     c, x, y = ctx.inputs
-    zero = OPS.zeros_like(g)
-    return None, sum_to(OPS.where(c, g, zero), x.shape), sum_to(OPS.where(c, zero, g), y.shape)
+    return None, sum_to(OPS.where(c, g, 0.0), x.shape), sum_to(OPS.where(c, 0.0, g), y.shape)
 
 
-op("where", meta=_where_meta, signatures=_where_signatures, backward=_where_bw)(
-    lambda xp, c, x, y: xp.where(c, x, y))
-
-
-@register("where")
-def where(condition, x, y):
+@defop(kernel=lambda xp, c, x, y: xp.where(c, x, y), meta=_where_meta,
+       signatures=_where_signatures, backward=_where_bw)
+def where(op, condition, x, y):
     """``x`` where ``condition`` holds, else ``y`` (broadcasting; scalars allowed)."""
-    return apply("where", as_tensor([condition, x, y], "where"))
+    return op(condition, x, y)
 
 
-@register("masked_fill")
+@defop(method=True)
 def masked_fill(x, mask, value):
     """``x`` with ``value`` where the bool ``mask`` (broadcastable to ``x``) is True."""
     x_, mask_, value_ = as_tensor([x, mask, value], "masked_fill")
@@ -276,7 +266,7 @@ def masked_fill(x, mask, value):
     return out
 
 
-@register("clamp")
+@defop(method=True)
 def clamp(x, min=None, max=None):  # noqa: A002
     """Limit values to ``[min, max]`` (either may be None)."""
     if min is not None:

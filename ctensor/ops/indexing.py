@@ -20,11 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from ..dispatch import apply, as_tensor, op
-from ..registry import register
+from .._args import int_args
+from ..dispatch import as_tensor, defop
 from ..tensor import Tensor
 from ._rules import B, P, S, norm_dim, result_dtype, sig
-from .shape import int_args, partial_signatures, unsqueeze
+from .shape import partial_signatures, unsqueeze
 
 _NEW, _INT, _ALL, _SLICE = "new", "int", "all", "slice"
 
@@ -159,21 +159,12 @@ def _scatter_kernel(xp, g, index, shape, ctx):
     return out
 
 
-op("getitem_backward",
-   meta=lambda layouts, index, shape: [(tuple(shape), layouts[0].dtype)],
-   signatures=_scatter_signatures, needs_ctx=True,
-   backward=lambda ctx, g: (apply("getitem", [g], index=ctx.attrs["index"]),))(_scatter_kernel)
-
-op("getitem",
-   meta=lambda layouts, index: [(_out_shape(index, layouts[0].shape), layouts[0].dtype)],
-   signatures=_getitem_signatures,
-   backward=lambda ctx, g: (apply("getitem_backward", [g], index=ctx.attrs["index"],
-                                  shape=tuple(ctx.inputs[0].shape)),))(
-    lambda xp, x, index: x[_local_index(index)])
-
-
-@register("getitem")
-def getitem(x, index):
+@defop(kernel=lambda xp, x, index: x[_local_index(index)],
+       meta=lambda layouts, index: [(_out_shape(index, layouts[0].shape), layouts[0].dtype)],
+       signatures=_getitem_signatures,
+       backward=lambda ctx, g: (ctx.op.grads["scatter"](g, index=ctx.attrs["index"],
+                                                        shape=tuple(ctx.inputs[0].shape)),))
+def getitem(op, x, index):
     """Basic indexing ``x[index]``: ints (negative too), slices with positive steps,
     ``None`` and ``...``, or a tuple of them. Dims taken whole keep their split.
 
@@ -184,10 +175,18 @@ def getitem(x, index):
     entries = parse_index(index, tuple(x.shape))
     if all(e[0] == _ALL for e in entries):
         return x
-    return apply("getitem", [x], index=entries)
+    return op(x, index=entries)
 
 
-@register("narrow")
+# the gradient of getitem: the incoming gradient scattered into zeros of the input's shape
+getitem.op.grad_kernel(
+    "scatter", _scatter_kernel, needs_ctx=True,
+    meta=lambda layouts, index, shape: [(tuple(shape), layouts[0].dtype)],
+    signatures=_scatter_signatures,
+    backward=lambda ctx, g: (getitem.op(g, index=ctx.attrs["index"]),))
+
+
+@defop(method=True)
 def narrow(x, dim: int, start: int, length: int):
     """Elements ``start .. start + length - 1`` of ``dim`` (``start`` may be negative).
 
@@ -212,7 +211,7 @@ def narrow(x, dim: int, start: int, length: int):
     return getitem(x, (slice(None),) * d + (slice(start, start + length),))
 
 
-@register("split")
+@defop(method=True)
 def split(x, split_size_or_sections, dim: int = 0) -> tuple:
     """Cut ``dim`` into pieces of ``split_size`` (the last may be smaller) or of the given
     section sizes; returns a tuple of tensors (each a narrow of ``x``).
@@ -241,7 +240,7 @@ def split(x, split_size_or_sections, dim: int = 0) -> tuple:
     return tuple(out)
 
 
-@register("chunk")
+@defop(method=True)
 def chunk(x, chunks: int, dim: int = 0) -> tuple:
     """Split ``dim`` into ``chunks`` pieces of ``ceil(n / chunks)`` (PyTorch rule: fewer
     pieces when they run out).
@@ -289,10 +288,6 @@ def _cat_backward(ctx, g):
     return tuple(grads)
 
 
-op("cat", meta=_cat_meta, signatures=_cat_signatures, backward=_cat_backward)(
-    lambda xp, *arrays, dim: xp.concatenate(arrays, axis=dim))
-
-
 def _tensor_list(opname: str, tensors) -> list:
     if isinstance(tensors, Tensor) or not isinstance(tensors, (list, tuple)):
         raise TypeError(f"{opname}: argument 'tensors' must be a list or tuple of tensors, "
@@ -303,8 +298,9 @@ def _tensor_list(opname: str, tensors) -> list:
     return as_tensor(list(tensors), opname)
 
 
-@register("cat")
-def cat(tensors: Sequence, dim: int = 0):
+@defop(kernel=lambda xp, *arrays, dim: xp.concatenate(arrays, axis=dim), meta=_cat_meta,
+       signatures=_cat_signatures, backward=_cat_backward)
+def cat(op, tensors: Sequence, dim: int = 0):
     """Join tensors along an existing ``dim`` (shapes equal elsewhere); a split on another
     dim is kept.
 
@@ -317,10 +313,10 @@ def cat(tensors: Sequence, dim: int = 0):
     d = norm_dim("cat", dim, tensors[0].ndim)
     if len(tensors) == 1:
         return tensors[0]
-    return apply("cat", tensors, dim=d)
+    return op(*tensors, dim=d)
 
 
-@register("stack")
+@defop()
 def stack(tensors: Sequence, dim: int = 0):
     """Join equal-shaped tensors along a new ``dim``.
 
@@ -333,4 +329,4 @@ def stack(tensors: Sequence, dim: int = 0):
                          f"shapes")
     d = norm_dim("stack", dim, tensors[0].ndim + 1)
     parts = [unsqueeze(t, d) for t in tensors]
-    return parts[0] if len(parts) == 1 else apply("cat", parts, dim=d)
+    return parts[0] if len(parts) == 1 else cat.op(*parts, dim=d)

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import apply, as_tensor, op
-from ..registry import OPS, register
+from ..dispatch import as_tensor, defop
+from ..registry import OPS
 from ._rules import B, P, S, broadcast_shapes, result_dtype, sig
 from .elementwise import sum_to
 from .reduction import unreduce
@@ -155,32 +155,30 @@ def _backward(ctx, g):
     return ga, gb
 
 
-op("matmul", meta=_meta, signatures=_signatures, backward=_backward)(_kernel)
-
-
 # ----------------------------------------------------------------------------- public
-def matmul_t(a, b, transpose_a: bool = False, transpose_b: bool = False):
-    """``a' @ b'`` where ``a'``/``b'`` are ``a``/``b`` with their last two dims swapped when
-    the flag is set (1-D operands ignore the flag). Internal: no transpose op is run.
-
-    >>> matmul_t(x, w, transpose_b=True)      # x @ w^T, as in a linear layer
-    """
-    a, b = as_tensor([a, b], "matmul")
-    return apply("matmul", [a, b], transpose_a=bool(transpose_a and a.ndim >= 2),
-                 transpose_b=bool(transpose_b and b.ndim >= 2))
-
-
-@register("matmul")
-def matmul(a, b):
+@defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, method=True)
+def matmul(op, a, b):
     """Matrix product with NumPy/PyTorch semantics (``a @ b``): 1-D operands are vectors,
     leading (batch) dims broadcast.
 
     >>> y = x @ w      # x S(0), w B -> y S(0), no communication
     """
-    return matmul_t(a, b)
+    return op(a, b)
 
 
-@register("linear")
+def matmul_t(a, b, transpose_a: bool = False, transpose_b: bool = False):
+    """``a' @ b'`` where ``a'``/``b'`` are ``a``/``b`` with their last two dims swapped when
+    the flag is set (1-D operands ignore the flag): the matmul op with its transpose
+    attributes, so no transpose op is run.
+
+    >>> matmul_t(x, w, transpose_b=True)      # x @ w^T, as in a linear layer
+    """
+    a, b = as_tensor([a, b], "matmul")
+    return matmul.op(a, b, transpose_a=bool(transpose_a and a.ndim >= 2),
+                     transpose_b=bool(transpose_b and b.ndim >= 2))
+
+
+@defop()
 def linear(x, weight, bias=None):
     """``x @ weight^T + bias`` (weight ``(out, in)`` like PyTorch), computed without a
     transpose op: a column-split weight (S(0)) gives an output split on its last dim, a

@@ -1,29 +1,48 @@
-"""to_global (differentiable redistribution), the full value, clone and casts.
+"""``to_global`` (differentiable redistribution), ``clone``, casts, and ``copy_``.
 
-Backward of ``to_global`` boxes the gradient to the *dual* of the input's SBP on the
-input's placement: B <-> P(sum), S(d) stays S(d). (A replicated input's gradient is the
-sum of what each replica contributed; a partial input's gradient is the same everywhere.)
+* ``to_global`` is an op with a fixed layout instead of a signature choice: dispatch boxes
+  its input to the asked placement and SBP (the one boxing planner) and its kernel returns
+  the boxed shard. Its backward boxes the gradient to the *dual* of the input's SBP on the
+  input's placement: B <-> P(sum), S(d) stays S(d) (a replicated input's gradient is the
+  sum of what each replica contributed; a partial input's gradient is the same everywhere).
+* ``clone`` copies every shard (any SBP passes through); ``to(dtype)`` casts each shard —
+  a cast commutes with a partial sum only into a floating dtype (P -> P then), never with
+  P(max)/P(min) in general, so those inputs are reduced first.
+* ``copy_`` writes into an existing tensor's shards (it is in place, so it is not an op of
+  its own: it boxes the source with ``to_global`` and copies).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import autograd, boxing
+from .. import autograd
+from ..creation import full
+from ..dispatch import as_tensor, defop
 from ..layout import Layout
 from ..placement import Placement
-from ..registry import register
 from ..runtime import world
-from ..sbp import Broadcast, Partial, ReduceOp, normalize_sbp, partial_sum
+from ..sbp import dual, normalize_sbp
 from ..tensor import Tensor
+from ._rules import B, P, PMAX, PMIN, S, sig
+
+__all__ = ["to_global", "clone", "to", "copy_"]
 
 
-def _dual(sbp: tuple) -> tuple:
-    return tuple(partial_sum if isinstance(s, Broadcast) else
-                 Broadcast() if isinstance(s, Partial) else s for s in sbp)
+# ----------------------------------------------------------------------------- to_global
+def _to_global_plan(layouts, placement, sbp):
+    (src,) = layouts
+    target = Layout(src.shape, src.dtype, placement, sbp)
+    return (target,), (target,)
 
 
-@register("to_global")
-def to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
+def _to_global_backward(ctx, g):
+    src = ctx.in_layouts[0]
+    return (to_global(g, src.placement, dual(src.sbp)),)
+
+
+@defop(kernel=lambda xp, x, placement, sbp: x, plan=_to_global_plan, meta=None,
+       backward=_to_global_backward)
+def to_global(op, x, placement=None, sbp=None):
     """Redistribute ``x`` to ``placement`` and ``sbp`` (see :meth:`Tensor.to_global`)."""
     if not isinstance(x, Tensor):
         raise TypeError(f"to_global: expected a ct.Tensor, got {type(x).__name__}")
@@ -40,69 +59,58 @@ def to_global(x: Tensor, placement=None, sbp=None) -> Tensor:
                              f"{x.placement.ndim}")
         sbp = x.sbp
     sbp = normalize_sbp(sbp, placement.ndim, x.ndim, "to_global")
-    target = Layout(x.shape, x.dtype, placement, sbp)
-    if target == x._layout:
+    if placement == x.placement and sbp == x.sbp:
         return x
-    y = Tensor(target, boxing.box(x._shards, x._layout, target))
-    src_layout = x._layout
-
-    def backward_fn(grads):
-        (g,) = grads
-        return (to_global(g, src_layout.placement, _dual(src_layout.sbp)),)
-
-    autograd.record("to_global", [x], [y], backward_fn)
-    return y
+    return op(x, placement=placement, sbp=sbp)
 
 
-@register("full_value")
-def full_value(x: Tensor) -> np.ndarray:
-    """The whole logical value as a NumPy array on every rank of the world (collective)."""
-    w = world()
-    everyone = Placement(x.placement.device, list(range(w.size)))
-    if set(x.placement.rank_list) == set(everyone.rank_list):
-        everyone = x.placement
-    layout = Layout(x.shape, x.dtype, everyone, (Broadcast(),) * everyone.ndim)
-    shards = boxing.box(x._shards, x._layout, layout)
-    arr = shards[w.held_ranks[0]]
-    return arr.get() if hasattr(arr, "get") else np.asarray(arr)
+# ----------------------------------------------------------------------------- clone / cast
+def _identity_signatures(layouts, **_):
+    """Every SBP passes through unchanged (a copy per shard)."""
+    return [sig([B], B), sig([P], P), sig([PMAX], PMAX), sig([PMIN], PMIN)] + \
+        [sig([S(d)], S(d)) for d in range(layouts[0].ndim)]
 
 
-@register("clone")
-def clone(x: Tensor) -> Tensor:
+@defop(kernel=lambda xp, x: x.copy(), signatures=_identity_signatures,
+       meta=lambda layouts: [(layouts[0].shape, layouts[0].dtype)],
+       backward=lambda ctx, g: (g,), method=True)
+def clone(op, x):
     """A copy with fresh buffers (differentiable)."""
-    y = Tensor(x._layout, {r: a.copy() for r, a in x._shards.items()})
-    autograd.record("clone", [x], [y], lambda grads: (grads[0],))
-    return y
+    return op(x)
 
 
-@register("to")
-def to(x: Tensor, dtype) -> Tensor:
-    """Cast to ``dtype`` (differentiable between floating dtypes)."""
+def _cast_signatures(layouts, dtype):
+    cands = [sig([B], B)] + [sig([S(d)], S(d)) for d in range(layouts[0].ndim)]
+    return cands + ([sig([P], P)] if np.dtype(dtype).kind in "fc" else [])
+
+
+@defop(kernel=lambda xp, x, dtype: x.astype(dtype), signatures=_cast_signatures,
+       meta=lambda layouts, dtype: [(layouts[0].shape, np.dtype(dtype))],
+       backward=lambda ctx, g: (to(g, ctx.in_layouts[0].dtype),), method=True)
+def to(op, x, dtype):
+    """Cast to ``dtype`` (differentiable between floating dtypes); ``x`` itself when the
+    dtype already matches."""
+    (x,) = as_tensor([x], "to")
     dtype = np.dtype(dtype)
     if dtype == x.dtype:
         return x
-    if any(isinstance(s, Partial) and s.op is not ReduceOp.SUM for s in x.sbp) or \
-            (x._layout.has_partial and dtype.kind not in "fc"):
-        # a cast does not commute with a sum/max of casts: reduce first
-        x = to_global(x, sbp=tuple(Broadcast() if isinstance(s, Partial) else s for s in x.sbp))
-    layout = Layout(x.shape, dtype, x.placement, x.sbp)
-    y = Tensor(layout, {r: a.astype(dtype) for r, a in x._shards.items()})
-    src_dtype = x.dtype
-    autograd.record("to", [x], [y], lambda grads: (to(grads[0], src_dtype),))
-    return y
+    return op(x, dtype=dtype)
 
 
-@register("float")
-def to_float(x: Tensor) -> Tensor:
+@defop("float", method=True)
+def float_(x):
+    """Cast to float32."""
     return to(x, np.float32)
 
 
-@register("double")
-def to_double(x: Tensor) -> Tensor:
+@defop("double", method=True)
+def double(x):
+    """Cast to float64."""
     return to(x, np.float64)
 
 
-@register("copy_")
+# ----------------------------------------------------------------------------- copy_
+@defop(method=True)
 def copy_(dst: Tensor, src) -> Tensor:
     """Overwrite ``dst``'s values in place with ``src`` (boxed to ``dst``'s layout and cast
     to its dtype); not recorded by autograd. Optimizers and ``load_state_dict`` use it so
@@ -110,19 +118,16 @@ def copy_(dst: Tensor, src) -> Tensor:
     if not isinstance(dst, Tensor):
         raise TypeError(f"copy_: expected a ct.Tensor, got {type(dst).__name__}")
     if not isinstance(src, Tensor):
-        from ..dispatch import as_tensor
         src = as_tensor([dst, src], "copy_")[1]
     if tuple(src.shape) != tuple(dst.shape):
         if src.ndim == 0:
-            from .. import creation
-            src = creation.full(dst.shape, fill_value=0, placement=dst.placement,
-                                dtype=dst.dtype) + src
+            src = full(dst.shape, fill_value=0, placement=dst.placement,
+                           dtype=dst.dtype) + src
         else:
             raise ValueError(f"copy_: source shape {tuple(src.shape)} does not match "
                              f"destination shape {tuple(dst.shape)}")
     with autograd.no_grad():
-        if src.placement != dst.placement or src.sbp != dst.sbp:
-            src = to_global(src, dst.placement, dst.sbp)
+        src = to_global(src, dst.placement, dst.sbp)
         for r, a in dst._shards.items():
             a[...] = src._shards[r]
     dst._version += 1

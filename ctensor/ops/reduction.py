@@ -18,8 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from ..dispatch import apply, op
-from ..registry import OPS, register
+from ..dispatch import defop
+from ..registry import OPS
 from ..runtime import get_default_dtype
 from ..sbp import ReduceOp
 from ..tensor import Tensor
@@ -88,7 +88,6 @@ def _unreduce_kernel(xp, g, dims, keepdim, shape, ctx):
 
 
 def _unreduce_signatures(layouts, dims, keepdim, shape, **_):
-    (g,) = layouts
     cands = [sig([B], B), sig([P], P)]
     kept = [e for e in range(len(shape)) if e not in dims]
     for e in kept:
@@ -96,32 +95,12 @@ def _unreduce_signatures(layouts, dims, keepdim, shape, **_):
     return cands
 
 
-op("unreduce", meta=lambda layouts, dims, keepdim, shape: [(tuple(shape), layouts[0].dtype)],
-   signatures=_unreduce_signatures, needs_ctx=True,
-   backward=lambda ctx, g: (OPS.sum(g, dim=ctx.attrs["dims"], keepdim=ctx.attrs["keepdim"]),))(
-    _unreduce_kernel)
-
-
 def unreduce(g, dims: tuple, keepdim: bool, shape: tuple):
-    """Inverse shape of a reduction: ``g`` broadcast over ``dims`` to ``shape``."""
-    return apply("unreduce", [g], dims=tuple(dims), keepdim=keepdim, shape=tuple(shape))
-
-
-# ----------------------------------------------------------------------------- sum / mean
-op("sum", meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P),
-   backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
-                                     ctx.inputs[0].shape),))(
-    lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim))
-
-
-def _mean_kernel(xp, x, dims, keepdim, count):
-    out = xp.sum(x, axis=dims, keepdims=keepdim)
-    return out / count if count else out * np.nan
-
-
-op("mean", meta=_reduce_meta("mean"), signatures=_reduce_signatures(P, P),
-   backward=lambda ctx, g: (unreduce(g / max(ctx.attrs["count"], 1), ctx.attrs["dims"],
-                                     ctx.attrs["keepdim"], ctx.inputs[0].shape),))(_mean_kernel)
+    """The inverse shape of a reduction: ``g`` (reduced over ``dims`` of an input of
+    ``shape``) broadcast back to ``shape``. A gradient kernel of ``sum`` (declared below);
+    the backwards of every reduction, and matmul's for 1-D operands, use it."""
+    return sum_.op.grads["unreduce"](g, dims=tuple(dims), keepdim=bool(keepdim),
+                                     shape=tuple(shape))
 
 
 def _check(opname, x):
@@ -129,20 +108,40 @@ def _check(opname, x):
         raise TypeError(f"{opname}: expected a ct.Tensor, got {type(x).__name__}")
 
 
-@register("sum")
-def sum_(x, dim=None, keepdim: bool = False):
+# ----------------------------------------------------------------------------- sum / mean
+@defop("sum", kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim),
+       meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P),
+       backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
+                                         ctx.inputs[0].shape),),
+       method=True)
+def sum_(op, x, dim=None, keepdim: bool = False):
     """Sum over ``dim`` (an int, a tuple, or None for all dims)."""
     _check("sum", x)
-    return apply("sum", [x], dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
+    return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
 
 
-@register("mean")
-def mean(x, dim=None, keepdim: bool = False):
+sum_.op.grad_kernel(
+    "unreduce", _unreduce_kernel, needs_ctx=True,
+    meta=lambda layouts, dims, keepdim, shape: [(tuple(shape), layouts[0].dtype)],
+    signatures=_unreduce_signatures,
+    backward=lambda ctx, g: (OPS.sum(g, dim=ctx.attrs["dims"], keepdim=ctx.attrs["keepdim"]),))
+
+
+def _mean_kernel(xp, x, dims, keepdim, count):
+    out = xp.sum(x, axis=dims, keepdims=keepdim)
+    return out / count if count else out * np.nan
+
+
+@defop(kernel=_mean_kernel, meta=_reduce_meta("mean"), signatures=_reduce_signatures(P, P),
+       backward=lambda ctx, g: (unreduce(g / max(ctx.attrs["count"], 1), ctx.attrs["dims"],
+                                         ctx.attrs["keepdim"], ctx.inputs[0].shape),),
+       method=True)
+def mean(op, x, dim=None, keepdim: bool = False):
     """Mean over ``dim`` (an int, a tuple, or None for all dims)."""
     _check("mean", x)
     dims = _dims("mean", dim, x.ndim)
     count = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
-    return apply("mean", [x], dims=dims, keepdim=bool(keepdim), count=count)
+    return op(x, dims=dims, keepdim=bool(keepdim), count=count)
 
 
 # ----------------------------------------------------------------------------- max / min
@@ -154,28 +153,29 @@ def _extreme_bw(ctx, g):
     return (unreduce(g, dims, keepdim, x.shape) * hit / count,)
 
 
-op("amax", meta=_reduce_meta("same"), signatures=_reduce_signatures(PMAX, PMAX),
-   backward=_extreme_bw)(lambda xp, x, dims, keepdim: xp.max(x, axis=dims, keepdims=keepdim)
-                         if x.size else xp.full(_out_shape(x.shape, dims, keepdim),
-                                                ReduceOp.MAX.identity(x.dtype), x.dtype))
-op("amin", meta=_reduce_meta("same"), signatures=_reduce_signatures(PMIN, PMIN),
-   backward=_extreme_bw)(lambda xp, x, dims, keepdim: xp.min(x, axis=dims, keepdims=keepdim)
-                         if x.size else xp.full(_out_shape(x.shape, dims, keepdim),
-                                                ReduceOp.MIN.identity(x.dtype), x.dtype))
+def _extreme_kernel(fn: str, reduce_op: ReduceOp):
+    def kernel(xp, x, dims, keepdim):
+        if x.size:
+            return getattr(xp, fn)(x, axis=dims, keepdims=keepdim)
+        return xp.full(_out_shape(x.shape, dims, keepdim), reduce_op.identity(x.dtype),
+                       x.dtype)
+    return kernel
 
 
-@register("amax")
-def amax(x, dim=None, keepdim: bool = False):
+@defop(kernel=_extreme_kernel("max", ReduceOp.MAX), meta=_reduce_meta("same"),
+       signatures=_reduce_signatures(PMAX, PMAX), backward=_extreme_bw, method=True)
+def amax(op, x, dim=None, keepdim: bool = False):
     """Largest value over ``dim`` (int, tuple or None); ties share the gradient."""
     _check("amax", x)
-    return apply("amax", [x], dims=_dims("amax", dim, x.ndim), keepdim=bool(keepdim))
+    return op(x, dims=_dims("amax", dim, x.ndim), keepdim=bool(keepdim))
 
 
-@register("amin")
-def amin(x, dim=None, keepdim: bool = False):
+@defop(kernel=_extreme_kernel("min", ReduceOp.MIN), meta=_reduce_meta("same"),
+       signatures=_reduce_signatures(PMIN, PMIN), backward=_extreme_bw, method=True)
+def amin(op, x, dim=None, keepdim: bool = False):
     """Smallest value over ``dim`` (int, tuple or None); ties share the gradient."""
     _check("amin", x)
-    return apply("amin", [x], dims=_dims("amin", dim, x.ndim), keepdim=bool(keepdim))
+    return op(x, dims=_dims("amin", dim, x.ndim), keepdim=bool(keepdim))
 
 
 def _arg_signatures(layouts, dims, keepdim, **_):
@@ -195,33 +195,31 @@ def _arg_kernel(fn):
     return kernel
 
 
-op("argmax", meta=_reduce_meta("index"), signatures=_arg_signatures)(_arg_kernel("argmax"))
-op("argmin", meta=_reduce_meta("index"), signatures=_arg_signatures)(_arg_kernel("argmin"))
-
-
-@register("argmax")
-def argmax(x, dim: Optional[int] = None, keepdim: bool = False):
+@defop(kernel=_arg_kernel("argmax"), meta=_reduce_meta("index"), signatures=_arg_signatures,
+       method=True)
+def argmax(op, x, dim: Optional[int] = None, keepdim: bool = False):
     """Index of the largest value along ``dim`` (of the flattened tensor if None)."""
     _check("argmax", x)
-    return apply("argmax", [x], dims=_dims("argmax", dim, x.ndim), keepdim=bool(keepdim))
+    return op(x, dims=_dims("argmax", dim, x.ndim), keepdim=bool(keepdim))
 
 
-@register("argmin")
-def argmin(x, dim: Optional[int] = None, keepdim: bool = False):
+@defop(kernel=_arg_kernel("argmin"), meta=_reduce_meta("index"), signatures=_arg_signatures,
+       method=True)
+def argmin(op, x, dim: Optional[int] = None, keepdim: bool = False):
     """Index of the smallest value along ``dim`` (of the flattened tensor if None)."""
     _check("argmin", x)
-    return apply("argmin", [x], dims=_dims("argmin", dim, x.ndim), keepdim=bool(keepdim))
+    return op(x, dims=_dims("argmin", dim, x.ndim), keepdim=bool(keepdim))
 
 
 def _max_or_min(name, extreme, arg):
-    def fn(x, dim=None, keepdim: bool = False):
+    def front(x, dim=None, keepdim: bool = False):
         if dim is None:
             return extreme(x)
         return extreme(x, dim, keepdim), arg(x, dim, keepdim)
-    fn.__name__ = name
-    fn.__doc__ = (f"``x.{name}()`` is the {name} of all elements; ``x.{name}(dim)`` returns "
-                  f"``(values, indices)`` like PyTorch.")
-    return register(name)(fn)
+    front.__name__ = name
+    front.__doc__ = (f"``x.{name}()`` is the {name} of all elements; ``x.{name}(dim)`` "
+                     f"returns ``(values, indices)`` like PyTorch.")
+    return defop(name, method=True)(front)
 
 
 max_ = _max_or_min("max", amax, argmax)

@@ -1,5 +1,5 @@
 """Shape ops: reshape / view / flatten / unsqueeze / squeeze, permute / transpose, expand /
-broadcast_to, contiguous, tril / triu.
+broadcast_to, contiguous.
 
 None of these mixes values across elements, so B -> B and P -> P always hold (P(max) and
 P(min) as well for the pure data movements: moving each rank's array the same way commutes
@@ -15,17 +15,14 @@ with the elementwise reduction over ranks). Splits (1-D, per mesh axis):
   The kernel then is a plain local reshape to the output shard's shape.
 * ``permute``: S(d) -> S(j) where ``dims[j] == d``; a local transpose.
 * ``expand``: S(d) -> S(d + new leading dims) for dims that keep their size.
-* ``tril`` / ``triu``: S(d) -> S(d) for every d: the kernel masks with its shard's global
-  row and column offsets (``ctx.in_box``), so no split needs communication.
 """
 from __future__ import annotations
 
 import math
-import operator
 from typing import Optional
 
-from ..dispatch import apply, as_tensor, op
-from ..registry import register
+from .._args import int_args, unpack_sizes
+from ..dispatch import as_tensor, defop
 from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
 from .elementwise import sum_to
 
@@ -50,25 +47,9 @@ def _one(opname: str, x):
     return as_tensor([x], opname)[0]
 
 
-def int_args(opname: str, arg: str, values) -> tuple:
-    """``values`` as a tuple of Python ints; ``TypeError`` naming the op otherwise."""
-    out = []
-    for v in values:
-        if isinstance(v, bool):
-            raise TypeError(f"{opname}: argument '{arg}' must hold ints, got {v!r} (bool)")
-        try:
-            out.append(operator.index(v))
-        except TypeError:
-            raise TypeError(f"{opname}: argument '{arg}' must hold ints, got {v!r} "
-                            f"({type(v).__name__})") from None
-    return tuple(out)
-
-
 def _size_args(opname: str, arg: str, sizes: tuple) -> tuple:
-    """Accept ``f(2, 3)`` and ``f((2, 3))`` / ``f([2, 3])`` alike."""
-    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
-        sizes = tuple(sizes[0])
-    return int_args(opname, arg, sizes)
+    """Accept ``f(2, 3)`` and ``f((2, 3))`` / ``f([2, 3])`` alike, as ints."""
+    return int_args(opname, arg, unpack_sizes(sizes))
 
 
 def _local_shape(ctx) -> tuple:
@@ -115,11 +96,6 @@ def _reshape_signatures(layouts, shape):
     return cands + partial_signatures(layouts)
 
 
-op("reshape", meta=_reshape_meta, signatures=_reshape_signatures, needs_ctx=True,
-   backward=lambda ctx, g: (reshape(g, ctx.inputs[0].shape),))(
-    lambda xp, x, shape, ctx: x.reshape(_local_shape(ctx)))
-
-
 def _resolve_shape(opname: str, sizes: tuple, numel: int, given: tuple) -> tuple:
     """Fill in one ``-1`` and check the element count (``ValueError`` naming ``opname``)."""
     if sizes.count(-1) > 1:
@@ -146,11 +122,13 @@ def _reshape(opname: str, x, sizes: tuple):
     shape = _resolve_shape(opname, sizes, x.numel(), tuple(x.shape))
     if shape == tuple(x.shape):
         return x
-    return apply("reshape", [x], shape=shape)
+    return reshape.op(x, shape=shape)
 
 
-@register("reshape")
-def reshape(x, *shape):
+@defop(kernel=lambda xp, x, shape, ctx: x.reshape(_local_shape(ctx)), needs_ctx=True,
+       meta=_reshape_meta, signatures=_reshape_signatures,
+       backward=lambda ctx, g: (reshape(g, ctx.inputs[0].shape),), method=True)
+def reshape(op, x, *shape):
     """The same elements in a new shape (row-major); one dim may be ``-1``.
 
     A split survives when its shards stay contiguous blocks of the new shape, e.g. an
@@ -163,7 +141,7 @@ def reshape(x, *shape):
     return _reshape("reshape", x, _size_args("reshape", "shape", shape))
 
 
-@register("view")
+@defop(method=True)
 def view(x, *shape):
     """Same as :func:`reshape` (the result may share memory with ``x``).
 
@@ -173,7 +151,7 @@ def view(x, *shape):
     return _reshape("view", x, _size_args("view", "shape", shape))
 
 
-@register("flatten")
+@defop(method=True)
 def flatten(x, start_dim: int = 0, end_dim: int = -1):
     """Merge dims ``start_dim..end_dim`` (inclusive) into one; a 0-d tensor becomes 1-D.
 
@@ -193,7 +171,7 @@ def flatten(x, start_dim: int = 0, end_dim: int = -1):
                     + shape[end + 1:])
 
 
-@register("unsqueeze")
+@defop(method=True)
 def unsqueeze(x, dim: int):
     """Insert a dim of size 1 at ``dim`` (``-ndim-1 <= dim <= ndim``); splits follow.
 
@@ -205,7 +183,7 @@ def unsqueeze(x, dim: int):
     return _reshape("unsqueeze", x, shape[:d] + (1,) + shape[d:])
 
 
-@register("squeeze")
+@defop(method=True)
 def squeeze(x, dim=None):
     """Remove dims of size 1: all of them (``dim=None``), or those among ``dim`` (an int or
     a tuple; a named dim whose size is not 1 is kept, like PyTorch).
@@ -235,21 +213,17 @@ def _inverse(dims: tuple) -> tuple:
     return tuple(inv)
 
 
-op("permute",
-   meta=lambda layouts, dims: [(tuple(layouts[0].shape[d] for d in dims), layouts[0].dtype)],
-   signatures=_permute_signatures,
-   backward=lambda ctx, g: (apply("permute", [g], dims=_inverse(ctx.attrs["dims"])),))(
-    lambda xp, x, dims: xp.transpose(x, dims))
-
-
 def _permute(opname: str, x, dims: tuple):
     if dims == tuple(range(x.ndim)):
         return x
-    return apply("permute", [x], dims=dims)
+    return permute.op(x, dims=dims)
 
 
-@register("permute")
-def permute(x, *dims):
+@defop(kernel=lambda xp, x, dims: xp.transpose(x, dims),
+       meta=lambda layouts, dims: [(tuple(layouts[0].shape[d] for d in dims), layouts[0].dtype)],
+       signatures=_permute_signatures,
+       backward=lambda ctx, g: (permute.op(g, dims=_inverse(ctx.attrs["dims"])),), method=True)
+def permute(op, x, *dims):
     """Reorder the dims: output dim ``j`` is input dim ``dims[j]``; a split moves with its
     dim, without communication.
 
@@ -268,7 +242,7 @@ def permute(x, *dims):
     return _permute("permute", x, norm)
 
 
-@register("transpose")
+@defop(method=True)
 def transpose(x, dim0: int, dim1: int):
     """Swap two dims; an ``S(dim0)`` input gives ``S(dim1)`` with no communication.
 
@@ -286,7 +260,7 @@ def transpose(x, dim0: int, dim1: int):
     return _permute("transpose", x, tuple(dims))
 
 
-@register("contiguous")
+@defop(method=True)
 def contiguous(x):
     """``x`` itself: shards are always usable as they are (kept for PyTorch code)."""
     return x
@@ -312,11 +286,6 @@ def _expand_signatures(layouts, shape):
     return cands + partial_signatures(layouts)
 
 
-op("expand", meta=_expand_meta, signatures=_expand_signatures, needs_ctx=True,
-   backward=lambda ctx, g: (sum_to(g, ctx.inputs[0].shape),))(
-    lambda xp, x, shape, ctx: xp.broadcast_to(x, _local_shape(ctx)).copy())
-
-
 def _expand(opname: str, x, sizes: tuple):
     if len(sizes) < x.ndim:
         raise ValueError(f"{opname}: argument 'size' {sizes} has {len(sizes)} dims but the "
@@ -338,11 +307,13 @@ def _expand(opname: str, x, sizes: tuple):
                              f"dim equal to the target, 1, or -1 in 'size'")
     if shape == tuple(x.shape):
         return x
-    return apply("expand", [x], shape=shape)
+    return expand.op(x, shape=shape)
 
 
-@register("expand")
-def expand(x, *sizes):
+@defop(kernel=lambda xp, x, shape, ctx: xp.broadcast_to(x, _local_shape(ctx)).copy(),
+       needs_ctx=True, meta=_expand_meta, signatures=_expand_signatures,
+       backward=lambda ctx, g: (sum_to(g, ctx.inputs[0].shape),), method=True)
+def expand(op, x, *sizes):
     """Broadcast size-1 dims (and new leading dims) to ``sizes``; ``-1`` keeps a dim.
 
     >>> x.expand(4, -1)          # (1, 3) -> (4, 3)
@@ -351,7 +322,7 @@ def expand(x, *sizes):
     return _expand("expand", x, _size_args("expand", "size", sizes))
 
 
-@register("broadcast_to")
+@defop(method=True)
 def broadcast_to(x, shape):
     """``x`` broadcast to ``shape`` (NumPy / PyTorch rules).
 
@@ -361,61 +332,3 @@ def broadcast_to(x, shape):
     if not isinstance(shape, (tuple, list)):
         shape = (shape,)
     return _expand("broadcast_to", x, int_args("broadcast_to", "shape", shape))
-
-
-# ----------------------------------------------------------------------------- tril / triu
-def _tri_meta(name):
-    def meta(layouts, diagonal):
-        (x,) = layouts
-        if x.ndim < 2:
-            raise ValueError(f"{name}: the input has shape {tuple(x.shape)}; accepted: "
-                             f"tensors with at least 2 dims")
-        return [(tuple(x.shape), x.dtype)]
-    return meta
-
-
-def _tri_signatures(layouts, diagonal):
-    (x,) = layouts
-    return [sig([B], B)] + [sig([S(d)], S(d)) for d in range(x.ndim)] + \
-        partial_signatures(layouts, (P,))
-
-
-def _tri_kernel(upper: bool):
-    def kernel(xp, x, diagonal, ctx):
-        # the shard's global row / column numbers decide what is kept, whatever the split
-        (r0, r1), (c0, c1) = ctx.in_box(0)[-2:]
-        offset = xp.arange(c0, c1)[None, :] - xp.arange(r0, r1)[:, None]
-        keep = offset >= diagonal if upper else offset <= diagonal
-        return xp.where(keep, x, xp.zeros((), dtype=x.dtype))
-    return kernel
-
-
-for _name, _upper in (("tril", False), ("triu", True)):
-    op(_name, meta=_tri_meta(_name), signatures=_tri_signatures, needs_ctx=True,
-       backward=(lambda n: lambda ctx, g: (apply(n, [g], **ctx.attrs),))(_name))(
-        _tri_kernel(_upper))
-
-
-def _tri(name: str, x, diagonal):
-    x = _one(name, x)
-    (diagonal,) = int_args(name, "diagonal", (diagonal,))
-    return apply(name, [x], diagonal=diagonal)
-
-
-@register("tril")
-def tril(x, diagonal: int = 0):
-    """Lower triangle of the last two dims (elements with ``col - row <= diagonal``); works
-    on every split without communication.
-
-    >>> ct.tril(ct.ones(3, 3))
-    """
-    return _tri("tril", x, diagonal)
-
-
-@register("triu")
-def triu(x, diagonal: int = 0):
-    """Upper triangle of the last two dims (elements with ``col - row >= diagonal``).
-
-    >>> ct.triu(x, 1)
-    """
-    return _tri("triu", x, diagonal)

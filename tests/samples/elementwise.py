@@ -91,5 +91,5 @@ SAMPLES = [
 ]
 
 COVERED_ELSEWHERE = {
-    "gelu_grad": "internal: the backward kernel of gelu, checked by gelu's gradient test",
+    "gelu.grad": "the gradient kernel of gelu, checked by gelu's gradient test",
 }

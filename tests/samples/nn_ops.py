@@ -1,7 +1,6 @@
 import numpy as np
 
 import ctensor as ct
-from ctensor.dispatch import apply
 from . import Sample
 
 VOCAB = 6  # ids lie in [0, VOCAB); weights have VOCAB (even) or 7 (uneven) rows
@@ -108,14 +107,14 @@ SAMPLES = [
            uneven=[(5, 3), (7, 5)], make=_ids_first, grad=(1,)),
     Sample("embedding", ct.embedding, lambda ids, w: w[ids], [(4,), (VOCAB, 3)],
            uneven=[(7,), (7, 2)], make=_ids_first, grad=(1,), name="embedding_1d"),
-    Sample("embedding_grad", lambda ids, g, w: apply("embedding_grad", [ids, g, w]),
+    Sample("embedding.grad_weight", ct.embedding.op.grads["grad_weight"],
            _embedding_grad_ref, [(4, 3), (4, 3, 4), (VOCAB, 4)],
            uneven=[(5, 3), (5, 3, 5), (7, 5)], make=_grad_inputs, grad=()),
     Sample("pick", ct.pick, _pick_ref, [(4, 5), (4,)], uneven=[(7, 5), (7,)],
            make=_ids_second),
     Sample("pick", ct.pick, _pick_ref, [(2, 3, 4), (2, 3)], uneven=[(3, 5, 7), (3, 5)],
            make=_ids_second, name="pick_3d"),
-    Sample("pick_grad", lambda g, i, x: apply("pick_grad", [g, i, x]), _pick_grad_ref,
+    Sample("pick.grad", ct.pick.op.grads["grad"], _pick_grad_ref,
            [(4, 3), (4, 3), (4, 3, 4)], uneven=[(5, 3), (5, 3), (5, 3, 7)],
            make=_pick_grad_inputs, grad=()),
     Sample("causal_fill", lambda x: ct.causal_fill(x, -5.0), _causal_ref(-5.0, 0), [(4, 4)],
@@ -137,19 +136,20 @@ SAMPLES = [
            uneven=[(7, 5), (7,)], make=_ce_inputs, rtol=1e-7, atol=1e-9),
     Sample("softmax_cross_entropy", _ce, _ce_ref, [(2, 3, 5), (2, 3)],
            uneven=[(3, 5, 7), (3, 5)], make=_ce_inputs, name="softmax_cross_entropy_3d"),
-    Sample("softmax_cross_entropy_grad",
-           lambda g, x, t: apply("softmax_cross_entropy_grad", [g, x, t], ignore_index=-1),
+    Sample("softmax_cross_entropy.grad",
+           lambda g, x, t: ct.softmax_cross_entropy.op.grads["grad"](g, x, t, ignore_index=-1),
            _ce_grad_ref, [(4,), (4, 5), (4,)], uneven=[(7,), (7, 5), (7,)],
            make=_ce_grad_inputs, grad=()),
     Sample("causal_fill", lambda x: ct.causal_fill(x, 0.0), _causal_ref(0.0, 0), [(4, 4)],
            uneven=[(7, 7)], name="causal_fill_zero"),
-    Sample("softmax_grad", lambda g, y: apply("softmax_grad", [g, y], dim=1, log=False),
+    Sample("softmax.grad", lambda g, y: ct.softmax.op.grads["grad"](g, y, dim=1, log=False),
            lambda g, y: y * (g - (g * y).sum(1, keepdims=True)), [(4, 3), (4, 3)],
            grad=()),
-    Sample("softmax_grad", lambda g, y: apply("softmax_grad", [g, y], dim=0, log=True),
+    Sample("softmax.grad", lambda g, y: ct.softmax.op.grads["grad"](g, y, dim=0, log=True),
            lambda g, y: g - np.exp(y) * g.sum(0, keepdims=True), [(4, 3), (4, 3)],
            grad=(), name="log_softmax_grad"),
-    Sample("layer_norm_grad", lambda g, x: apply("layer_norm_grad", [g, x], ndims=1, eps=1e-5),
+    Sample("layer_norm.grad",
+           lambda g, x: ct.layer_norm.op.grads["grad"](g, x, ndims=1, eps=1e-5),
            _layer_norm_grad_ref, [(4, 3), (4, 3)], grad=(), rtol=1e-6, atol=1e-8),
     Sample("pick", lambda x, i: ct.pick(x, i, ignore_index=-1), _pick_ref, [(4, 5), (4,)],
            uneven=[(7, 5), (7,)], make=_ids_second, name="pick_ignore_index"),

@@ -18,6 +18,6 @@ SAMPLES = [
 
 COVERED_ELSEWHERE = {
     "to_global": "tests/test_boxing.py (every SBP pair) and tests/test_autograd.py",
-    "full_value": "Tensor.numpy(), used by every test",
+    "tensor": "the constructor of every test (tests/test_tensor.py)",
     "copy_": "tests/test_tensor.py (in-place copy across SBPs)",
 }

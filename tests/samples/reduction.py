@@ -35,5 +35,5 @@ SAMPLES = [
 ]
 
 COVERED_ELSEWHERE = {
-    "unreduce": "internal: the backward of every reduction, checked by their gradient tests",
+    "sum.unreduce": "the gradient kernel of sum, checked by every reduction's gradient test",
 }

@@ -135,5 +135,5 @@ SAMPLES = [
 ]
 
 COVERED_ELSEWHERE = {
-    "getitem_backward": "internal: the backward of getitem, checked by its gradient tests",
+    "getitem.scatter": "the gradient kernel of getitem, checked by its gradient tests",
 }
