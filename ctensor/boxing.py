@@ -33,35 +33,17 @@ import numpy as np
 
 from . import debug
 from .comm.base import Message
-from .layout import Layout
-from .runtime import array_module, world
+from .layout import Layout, intersect, slices
+from .arrays import array_module, to_device, to_host
+from .runtime import world
 from .sbp import Broadcast, Partial, ReduceOp, Split, SBP
 
 __all__ = ["box", "plan", "cost"]
 
 
 # ----------------------------------------------------------------------------- helpers
-def _slices(box, within) -> tuple:
-    """Index of region ``box`` inside an array that holds region ``within`` (the trailing
-    Ellipsis keeps 0-d results arrays rather than scalars)."""
-    return tuple(slice(a - w0, b - w0) for (a, b), (w0, _) in zip(box, within)) + (Ellipsis,)
-
-
-def _intersect(a, b):
-    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
-    return out if all(lo < hi for lo, hi in out) else None
-
-
 def _dims(entry: SBP) -> set:
     return {entry.dim} if isinstance(entry, Split) else set()
-
-
-def _to_xp(arr, device: str):
-    """Move an array to ``device``'s array module (no copy when it is already there)."""
-    xp = array_module(device)
-    if xp is np:
-        return arr.get() if hasattr(arr, "get") else np.asarray(arr)
-    return xp.asarray(arr)
 
 
 # ----------------------------------------------------------------------------- steps
@@ -69,6 +51,8 @@ class _Step(ABC):
     """One stage of a plan: ``before`` layout -> ``after`` layout."""
 
     collective = "local"
+    #: a step that moves nothing between ranks (it needs no communicator)
+    local = False
 
     def __init__(self, before: Layout, after: Layout, mesh_axis: int | None = None):
         self.before, self.after, self.mesh_axis = before, after, mesh_axis
@@ -179,12 +163,13 @@ class _Slice(_Step):
     """B -> S(d): keep this rank's part."""
 
     collective = "slice"
+    local = True
     _index = None  # rank -> index of its part, computed on first use
 
     def run(self, comm, shards):
         index = self._index
         if index is None:
-            index = self._index = {r: _slices(self.after.box(r), self.before.box(r))
+            index = self._index = {r: slices(self.after.region(r), self.before.region(r))
                                    for r in self.before.placement.rank_list}
         return {r: a[index[r]] for r, a in shards.items()}
 
@@ -194,6 +179,7 @@ class _ToPartial(_Step):
     keeps its values inside an identity-filled array of the new local shape."""
 
     collective = "pad_partial"
+    local = True
 
     def __init__(self, before, after, mesh_axis, op: ReduceOp, from_split: bool):
         super().__init__(before, after, mesh_axis)
@@ -220,7 +206,7 @@ class _ToPartial(_Step):
             xp = array_module(a)
             full = xp.full(self.after.local_shape(r), self.op.identity(a.dtype), dtype=a.dtype)
             if self.from_split:
-                full[_slices(self.before.box(r), self.after.box(r))] = a
+                full[slices(self.before.region(r), self.after.region(r))] = a
             out[r] = full
         return out
 
@@ -229,6 +215,7 @@ class _Relabel(_Step):
     """Any SBP change on a mesh axis of size 1: the single rank's array is already right."""
 
     collective = "relabel"
+    local = True
 
     def run(self, comm, shards):
         return shards
@@ -248,12 +235,12 @@ class _Exchange(_Step):
         # source regions, each with the ranks holding a replica of it
         holders: dict = {}
         for r in src.placement.rank_list:
-            holders.setdefault(src.box(r), []).append(r)
+            holders.setdefault(src.region(r), []).append(r)
         messages, tag = [], {}
         for i, d in enumerate(dst.placement.rank_list):
-            want = dst.box(d)
+            want = dst.region(d)
             for region, ranks in holders.items():
-                piece = _intersect(want, region)
+                piece = intersect(want, region)
                 if piece is None:
                     continue
                 s = d if d in ranks else ranks[i % len(ranks)]
@@ -268,12 +255,11 @@ class _Exchange(_Step):
                          for m, _ in self.messages if m.src != m.dst))
 
     def run(self, comm, shards):
-        sends = {m: shards[m.src][_slices(piece, self.before.box(m.src))]
+        sends = {m: shards[m.src][slices(piece, self.before.region(m.src))]
                  for m, piece in self.messages if m.src in shards}
         for m in list(sends):  # a host communicator needs host arrays across processes
-            if m.dst not in comm.held_ranks and not getattr(comm, "device_arrays", False) \
-                    and array_module(sends[m]) is not np:
-                sends[m] = sends[m].get()
+            if m.dst not in comm.held_ranks and not getattr(comm, "device_arrays", False):
+                sends[m] = to_host(sends[m])
         received = comm.exchange([m for m, _ in self.messages], sends)
         out = {}
         device, dtype = self.after.placement.device, self.after.dtype
@@ -281,11 +267,11 @@ class _Exchange(_Step):
         for d in self.after.placement.rank_list:
             if d not in comm.held_ranks:
                 continue
-            want = self.after.box(d)
+            want = self.after.region(d)
             buf = xp.empty(tuple(b - a for a, b in want), dtype=dtype)
             for m, piece in self.messages:
                 if m.dst == d:
-                    buf[_slices(piece, want)] = _to_xp(received[m], device)
+                    buf[slices(piece, want)] = to_device(received[m], device)
             out[d] = buf
         debug.record(self, sum(int(np.prod(m.shape, dtype=np.int64)) * dtype.itemsize
                                for m, _ in self.messages
@@ -395,16 +381,13 @@ def cost(src: Layout, dst: Layout) -> float:
     return sum(step.cost() for step in plan(src, dst))
 
 
-_LOCAL_STEPS = ()  # filled below: steps that never communicate
-
-
 def box(shards: dict, src: Layout, dst: Layout) -> dict:
     """Run the plan from ``src`` to ``dst`` on this process's ``{rank: array}`` shards."""
     if src is dst:
         return shards
     comm = None
     for step in plan(src, dst):
-        if isinstance(step, _LOCAL_STEPS):  # the hot path of B -> S slices: no comm needed
+        if step.local:  # the hot path of B -> S slices: no communicator needed
             shards = step.run(None, shards)
             continue
         if comm is None:
@@ -413,5 +396,3 @@ def box(shards: dict, src: Layout, dst: Layout) -> dict:
             shards = step.run(comm, shards)
     return shards
 
-
-_LOCAL_STEPS = (_Slice, _ToPartial, _Relabel)

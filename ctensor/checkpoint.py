@@ -31,10 +31,12 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
+from .arrays import to_host
 from .creation import from_local, generate, resolve
+from .layout import intersect, slices
 from .placement import Placement
 from .runtime import world
-from .sbp import Broadcast, Partial, Split
+from .sbp import Split, without_partial
 from .tensor import Tensor
 
 __all__ = ["save", "load"]
@@ -124,7 +126,7 @@ def _regions(t: Tensor, index: int) -> list:
     """One entry per distinct non-empty region: (writer rank, box, file name)."""
     out, seen = [], set()
     for r in t.placement.rank_list:
-        box = t._layout.box(r)
+        box = t._layout.region(r)
         if box in seen:
             continue
         seen.add(box)
@@ -134,7 +136,7 @@ def _regions(t: Tensor, index: int) -> list:
 
 
 def _write_array(path: str, arr) -> None:
-    arr = arr.get() if hasattr(arr, "get") else np.asarray(arr)
+    arr = to_host(arr)
     part = path + ".part"
     with open(part, "wb") as f:
         np.save(f, np.asarray(arr, order="C"))
@@ -170,8 +172,7 @@ def save(obj: Any, path: Union[str, os.PathLike]) -> None:
         raise ValueError(f"save: argument 'path' {path!r} exists and is not a ctensor "
                          f"checkpoint; choose another path (an old checkpoint is replaced)")
     # reduce partial tensors first (collective, same order on every rank)
-    tensors = [t.to_global(sbp=tuple(Broadcast() if isinstance(s, Partial) else s
-                                     for s in t.sbp)) if t._layout.has_partial else t
+    tensors = [t.to_global(sbp=without_partial(t.sbp)) if t._layout.has_partial else t
                for t in tensors]
     tmp = path + TMP_SUFFIX
     error = None
@@ -286,15 +287,12 @@ def _validate_tensor(directory: str, i: int, tm: dict, cache: dict) -> tuple:
     return shape, dtype, regions
 
 
-def _read_region(box: tuple, dtype: np.dtype, regions: list, cache: dict) -> np.ndarray:
-    out = np.empty(tuple(b - a for a, b in box), dtype=dtype)
-    for name, rbox in regions:
-        inter = [(max(a, c), min(b, d)) for (a, b), (c, d) in zip(box, rbox)]
-        if any(lo >= hi for lo, hi in inter):
-            continue
-        src = cache[name]
-        out[tuple(slice(lo - a, hi - a) for (lo, hi), (a, _) in zip(inter, box))] = \
-            src[tuple(slice(lo - c, hi - c) for (lo, hi), (c, _) in zip(inter, rbox))]
+def _read_region(region: tuple, dtype: np.dtype, regions: list, cache: dict) -> np.ndarray:
+    out = np.empty(tuple(b - a for a, b in region), dtype=dtype)
+    for name, saved in regions:
+        common = intersect(region, saved)
+        if common is not None:
+            out[slices(common, region)] = cache[name][slices(common, saved)]
     return out
 
 

@@ -16,7 +16,8 @@ from .layout import Layout
 from .placement import Placement
 from ._args import unpack_sizes
 from .registry import OPS, OpRecord
-from .runtime import array_module, get_default_dtype, world
+from .arrays import array_module, is_host, to_host
+from .runtime import get_default_dtype, world
 from .sbp import Broadcast, Partial, format_sbp, local_shape, normalize_sbp, without_partial
 from .tensor import Tensor
 
@@ -56,8 +57,8 @@ def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
 
 
 def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Tensor:
-    """A tensor whose every shard is ``fill(xp, box, dtype)`` (the logical values in region
-    ``box``). Partial axes: the value sits at index 0 of each partial axis, the reduction's
+    """A tensor whose every shard is ``fill(xp, region, dtype)`` (the logical values in region
+    ``region``). Partial axes: the value sits at index 0 of each partial axis, the reduction's
     identity elsewhere, so the logical value is the stated one."""
     xp = array_module(layout.placement.device)
     p = layout.placement
@@ -66,14 +67,14 @@ def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Ten
     for r in world().held_ranks:
         if r not in p:
             continue
-        box = layout.box(r)
+        region = layout.region(r)
         coord = p.coord(r)
         ops = [op for a, op in partial_axes if coord[a] != 0]
         if ops:
             shards[r] = xp.full(layout.local_shape(r), ops[0].identity(layout.dtype),
                                 dtype=layout.dtype)
         else:
-            shards[r] = xp.asarray(fill(xp, box, layout.dtype), dtype=layout.dtype)
+            shards[r] = xp.asarray(fill(xp, region, layout.dtype), dtype=layout.dtype)
     return Tensor(layout, shards, requires_grad=requires_grad)
 
 
@@ -95,7 +96,7 @@ def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
     if isinstance(data, Tensor):
         raise TypeError("tensor: argument 'data' is already a ct.Tensor; use "
                         "x.to_global(placement, sbp) or x.to(dtype)")
-    src = data.get() if type(data).__module__.startswith("cupy") else data
+    src = data if is_host(data) else to_host(data)
     if dtype is not None:
         try:
             dtype = np.dtype(dtype)
@@ -118,7 +119,7 @@ def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
     layout = resolve("tensor", arr.shape, placement, sbp, arr.dtype)
     _check_grad("tensor", layout.dtype, requires_grad)
     debug.check_same_data("tensor", arr, layout.placement)  # debug mode, several processes
-    return generate(layout, lambda xp, box, dt: arr[tuple(slice(a, b) for a, b in box)].copy(),
+    return generate(layout, lambda xp, region, dt: arr[tuple(slice(a, b) for a, b in region)].copy(),
                     requires_grad)
 
 
@@ -244,7 +245,7 @@ def _full(fn, size, fill_value, placement, sbp, dtype, requires_grad) -> Tensor:
     except (OverflowError, ValueError, TypeError) as exc:
         raise ValueError(f"{fn}: argument 'fill_value' {fill_value!r} does not fit dtype "
                          f"{layout.dtype} ({exc})") from None
-    return generate(layout, lambda xp, box, dt: xp.full(tuple(b - a for a, b in box),
+    return generate(layout, lambda xp, region, dt: xp.full(tuple(b - a for a, b in region),
                                                         fill_value, dtype=dt), requires_grad)
 
 
@@ -286,7 +287,7 @@ def arange(start, end=None, step=1, placement=None, sbp=None, dtype=None,
         dtype = np.int64 if ints else None
     layout = resolve("arange", (n,), placement, sbp, dtype)
     _check_grad("arange", layout.dtype, requires_grad)
-    return generate(layout, lambda xp, box, dt: (start + step * xp.arange(box[0][0], box[0][1]))
+    return generate(layout, lambda xp, region, dt: (start + step * xp.arange(region[0][0], region[0][1]))
                     .astype(dt), requires_grad)
 
 

@@ -270,15 +270,15 @@ def _axis_note(axis: int, size: int, entry, names: tuple) -> str:
 
 
 def _cell(layout, rank: int, marks: str, me: Optional[int]) -> list:
-    box = layout.box(rank)
+    region = layout.region(rank)
     head = f"rank {rank}" + (" *" if rank == me else "")
-    if not box:
-        region = "scalar"
+    if not region:
+        text = "scalar"
     else:
-        region = "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
-        if any(a == b for a, b in box):
-            region += " empty"
-    return [head, region] + ([marks] if marks else [])
+        text = "[" + ", ".join(f"{a}:{b}" for a, b in region) + "]"
+        if any(a == b for a, b in region):
+            text += " empty"
+    return [head, text] + ([marks] if marks else [])
 
 
 def _grid(cells: list) -> list:

@@ -184,11 +184,11 @@ class KernelContext:
     in_layouts: tuple
     out_layouts: tuple
 
-    def in_box(self, i: int) -> tuple:
-        return self.in_layouts[i].box(self.rank)
+    def in_region(self, i: int) -> tuple:
+        return self.in_layouts[i].region(self.rank)
 
-    def out_box(self, i: int = 0) -> tuple:
-        return self.out_layouts[i].box(self.rank)
+    def out_region(self, i: int = 0) -> tuple:
+        return self.out_layouts[i].region(self.rank)
 
 
 @dataclass

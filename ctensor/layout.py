@@ -10,14 +10,26 @@ import weakref
 import numpy as np
 
 from .placement import Placement
-from .sbp import Partial, local_box
+from .sbp import Partial, local_region
+
+
+def intersect(a: tuple, b: tuple):
+    """The common part of two regions (``(start, stop)`` per dim), or None when empty."""
+    out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b))
+    return out if all(lo < hi for lo, hi in out) else None
+
+
+def slices(region: tuple, within: tuple) -> tuple:
+    """The index of ``region`` inside an array that holds the region ``within`` (the
+    trailing Ellipsis keeps 0-d results arrays rather than scalars)."""
+    return tuple(slice(a - w0, b - w0) for (a, b), (w0, _) in zip(region, within)) + (Ellipsis,)
 
 
 class Layout:
     """Interned: equal layouts are the same object, so caches keyed by layouts hit by
     identity."""
 
-    __slots__ = ("shape", "dtype", "placement", "sbp", "numel", "_hash", "_boxes", "_shapes",
+    __slots__ = ("shape", "dtype", "placement", "sbp", "numel", "_hash", "_regions", "_shapes",
                  "__weakref__")
     _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
@@ -29,7 +41,7 @@ class Layout:
             self.shape, self.dtype, self.placement, self.sbp = key
             self.numel = int(np.prod(self.shape, dtype=np.int64))
             self._hash = hash(key)
-            self._boxes = None
+            self._regions = None
             self._shapes = None
             cls._interned[key] = self
         return self
@@ -52,15 +64,15 @@ class Layout:
 
     def _fill(self) -> None:
         p = self.placement
-        self._boxes = {r: local_box(self.shape, self.sbp, p.shape, p.coord(r))
+        self._regions = {r: local_region(self.shape, self.sbp, p.shape, p.coord(r))
                        for r in p.rank_list}
-        self._shapes = {r: tuple(b - a for a, b in box) for r, box in self._boxes.items()}
+        self._shapes = {r: tuple(b - a for a, b in region) for r, region in self._regions.items()}
 
-    def box(self, rank: int) -> tuple:
+    def region(self, rank: int) -> tuple:
         """``(start, stop)`` per dim of the logical region held by ``rank``."""
-        if self._boxes is None:
+        if self._regions is None:
             self._fill()
-        return self._boxes[rank]
+        return self._regions[rank]
 
     def local_shape(self, rank: int) -> tuple:
         if self._shapes is None:

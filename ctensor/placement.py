@@ -7,8 +7,6 @@ compare by value. This module is pure: it knows ranks, not communicators.
 from __future__ import annotations
 
 from functools import cached_property
-from typing import Iterator
-
 import numpy as np
 
 __all__ = ["placement", "Placement", "DEVICES"]
@@ -119,20 +117,11 @@ class Placement:
         """Mesh coordinate of ``rank`` (``KeyError`` if the rank is not in the mesh)."""
         return self._coords[rank]
 
-    def rank_at(self, coord) -> int:
-        return int(self._ranks[tuple(coord)])
-
     def axis_group(self, rank: int, mesh_axis: int) -> tuple[int, ...]:
         """The ranks along ``mesh_axis`` through ``rank``'s coordinate, in mesh order."""
         idx = list(self.coord(rank))
         idx[mesh_axis] = slice(None)
         return tuple(int(r) for r in self._ranks[tuple(idx)])
-
-    def axis_groups(self, mesh_axis: int) -> Iterator[tuple[int, ...]]:
-        """Every group of ranks along ``mesh_axis`` (one per coordinate of the other axes)."""
-        moved = np.moveaxis(self._ranks, mesh_axis, -1).reshape(-1, self.shape[mesh_axis])
-        for row in moved:
-            yield tuple(int(r) for r in row)
 
     def check_world(self, world_size: int, fn: str) -> None:
         """Raise ``ValueError`` if a rank lies outside ``0..world_size-1``."""

@@ -26,7 +26,7 @@ import numpy as np
 __all__ = [
     "SBP", "Split", "Broadcast", "Partial", "ReduceOp", "split", "broadcast",
     "partial_sum", "partial_max", "partial_min", "split_sizes", "split_range",
-    "local_box", "local_shape", "normalize_sbp", "format_sbp", "without_partial", "dual",
+    "local_region", "local_box", "local_shape", "normalize_sbp", "format_sbp", "without_partial", "dual",
 ]
 
 
@@ -189,7 +189,7 @@ def split_range(n: int, k: int, i: int) -> tuple[int, int]:
     return start, start + q + (1 if i < r else 0)
 
 
-def local_box(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[int],
+def local_region(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[int],
               coord: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """The ``(start, stop)`` per dim of the logical region held at mesh coordinate ``coord``.
 
@@ -205,7 +205,10 @@ def local_box(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[int
     return tuple(box)
 
 
+local_box = local_region  # the earlier name, kept for users of ct.sbp.local_box
+
+
 def local_shape(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[int],
                 coord: Sequence[int]) -> tuple[int, ...]:
     """Shape of the shard held at mesh coordinate ``coord``."""
-    return tuple(b - a for a, b in local_box(shape, sbp, mesh_shape, coord))
+    return tuple(b - a for a, b in local_region(shape, sbp, mesh_shape, coord))

@@ -44,6 +44,13 @@ def _check_float(fn: str, arg: str, x) -> None:
                         f"convert it with .float()")
 
 
+def check_probability(fn: str, arg: str, p) -> float:
+    """``p`` as a float in [0, 1]; ``ValueError`` naming the function and argument."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+        raise ValueError(f"{fn}: argument '{arg}' must be a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
 # ----------------------------------------------------------------------------- layers
 def linear(x, weight, bias=None):
     """``x @ weight^T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
@@ -185,8 +192,7 @@ def dropout(x, p: float = 0.5, training: bool = True):
     >>> h = F.dropout(h, 0.1, training=model.training)
     """
     _check_float("dropout", "input", x)
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"dropout: argument 'p' must be a probability in [0, 1], got {p!r}")
+    p = check_probability("dropout", "p", p)
     if not training or p == 0.0:
         return x
     if p == 1.0:

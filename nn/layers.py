@@ -132,10 +132,7 @@ class Dropout(Module):
 
     def __init__(self, p: float = 0.5):
         super().__init__()
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p <= 1.0:
-            raise ValueError(f"Dropout: argument 'p' must be a probability in [0, 1], got "
-                             f"{p!r}")
-        self.p = float(p)
+        self.p = F.check_probability("Dropout", "p", p)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
         if not self.training or self.p == 0.0:

@@ -32,12 +32,6 @@ def _check(fn: str, arg: str, value, positive: bool = True) -> int:
     return int(value)
 
 
-def _check_p(fn: str, p) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
-        raise ValueError(f"{fn}: argument 'dropout' must be a probability in [0, 1), got {p!r}")
-    return float(p)
-
-
 class CausalSelfAttention(Module):
     """Multi-head causal self-attention on ``(batch, time, n_embd)`` inputs.
 
@@ -54,7 +48,7 @@ class CausalSelfAttention(Module):
             raise ValueError(f"CausalSelfAttention: argument 'n_embd' ({n_embd}) must be a "
                              f"multiple of 'n_head' ({n_head})")
         self.n_embd, self.n_head = n_embd, n_head
-        self.dropout = _check_p("CausalSelfAttention", dropout)
+        self.dropout = F.check_probability("CausalSelfAttention", "dropout", dropout)
         self.query = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
         self.key = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
         self.value = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
@@ -95,7 +89,7 @@ class MLP(Module):
         self.fc = Linear(n_embd, hidden, bias=bias, dtype=dtype)
         self.act = GELU(approximate="tanh")
         self.proj = Linear(hidden, n_embd, bias=bias, dtype=dtype)
-        self.dropout = Dropout(_check_p("MLP", dropout))
+        self.dropout = Dropout(F.check_probability("MLP", "dropout", dropout))
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
         return self.dropout(self.proj(self.act(self.fc(x))))
@@ -140,7 +134,7 @@ class GPT(Module):
         self.block_size = _check("GPT", "block_size", block_size)
         self.n_layer = _check("GPT", "n_layer", n_layer)
         self.tie_weights = bool(tie_weights)
-        dropout = _check_p("GPT", dropout)
+        dropout = F.check_probability("GPT", "dropout", dropout)
         self.wte = Embedding(vocab_size, n_embd, std=0.02, dtype=dtype)
         self.wpe = Embedding(block_size, n_embd, std=0.02, dtype=dtype)
         self.drop = Dropout(dropout)

@@ -26,7 +26,6 @@ class Adam(Optimizer):
     >>> opt = optim.Adam(model.parameters(), lr=1e-3, betas=(0.9, 0.999))
     """
 
-    state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
     decoupled = False
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,

@@ -38,8 +38,6 @@ class Optimizer:
     >>> opt.zero_grad(); loss.backward(); opt.step()
     """
 
-    state_keys: tuple = ()  # names of the per-parameter state tensors
-
     def __init__(self, params, defaults: dict, shard_states_along: Optional[int] = None):
         name = type(self).__name__
         if isinstance(params, ct.Tensor):
@@ -138,7 +136,7 @@ class Optimizer:
     def state_layout(self, p: ct.Tensor) -> tuple:
         """``(placement, sbp)`` of ``p``'s state tensors (see the module docstring)."""
         placement = p.placement
-        sbp = [ct.sbp.broadcast if isinstance(s, ct.sbp.Partial) else s for s in p.sbp]
+        sbp = list(ct.sbp.without_partial(p.sbp))
         axis = self.shard_states_along
         if axis is None:
             return placement, tuple(sbp)

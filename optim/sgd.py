@@ -19,7 +19,6 @@ class SGD(Optimizer):
     >>> opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True)
     """
 
-    state_keys = ("momentum_buffer",)
 
     def __init__(self, params, lr: float = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,

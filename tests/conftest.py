@@ -62,7 +62,7 @@ def assert_layout(x: ct.Tensor, expected: np.ndarray, rtol=1e-6, atol=1e-6):
     if x._layout.has_partial:
         return
     for r, arr in x.local_shards().items():
-        box = x._layout.box(r)
+        box = x._layout.region(r)
         assert arr.shape == tuple(b - a for a, b in box), (r, arr.shape, box)
         np.testing.assert_allclose(arr, expected[tuple(slice(a, b) for a, b in box)],
                                    rtol=rtol, atol=atol)

@@ -59,7 +59,7 @@ def test_round_trip_across_world_sizes(world4, ckpt_dir):
                 np.testing.assert_array_equal(arr.numpy(), A, err_msg=key)
                 assert arr.sbp == (sbp,)
                 for r, shard in arr.local_shards().items():
-                    box = arr._layout.box(r)
+                    box = arr._layout.region(r)
                     np.testing.assert_array_equal(
                         shard, A[tuple(slice(a, b) for a, b in box)])
             np.testing.assert_array_equal(got["nested"]["y"].numpy(), V)

@@ -84,7 +84,7 @@ def test_visualize_in_the_current_world_is_metadata_only(mesh):
         text = x.visualize()
     assert log == []
     for r in mesh.rank_list:
-        box = x._layout.box(r)
+        box = x._layout.region(r)
         cell = "[" + ", ".join(f"{a}:{b}" for a, b in box) + "]"
         assert f"rank {r}" in text and cell in text
     assert ("* = this process" in text) == multi_process()

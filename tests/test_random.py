@@ -284,7 +284,7 @@ def test_value_does_not_depend_on_placement_or_sbp(mesh, draw):
             assert same_bits(x.numpy(), want), (shape, sbp)
             if not any(isinstance(s, Partial) for s in sbp):
                 for r, arr in x.local_shards().items():
-                    part = want[tuple(slice(a, b) for a, b in x._layout.box(r))]
+                    part = want[tuple(slice(a, b) for a, b in x._layout.region(r))]
                     assert same_bits(arr, part), (shape, sbp, r)
 
 

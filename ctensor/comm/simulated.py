@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..arrays import array_module
 from .base import Communicator, Group, Message, Shards, contiguous
 
 
 def _xp(arr):
-    from ..runtime import array_module
     return array_module(arr)
 
 

@@ -73,7 +73,7 @@ def _local_ids(xp, opname, ids, lo, hi, size):
 
 
 def _kernel(xp, ids, weight, ctx):
-    lo, hi = ctx.in_box(1)[0]
+    lo, hi = ctx.in_region(1)[0]
     vocab = ctx.in_layouts[1].shape[0]
     local, inside = _local_ids(xp, "embedding", ids, lo, hi, vocab)
     if hi == lo:
@@ -83,7 +83,7 @@ def _kernel(xp, ids, weight, ctx):
 
 
 def _grad_weight_kernel(xp, ids, g, weight, ctx):
-    (lo, hi), (c0, c1) = ctx.out_box(0)
+    (lo, hi), (c0, c1) = ctx.out_region(0)
     vocab = ctx.out_layouts[0].shape[0]
     out = xp.zeros((hi - lo, c1 - c0), dtype=g.dtype)
     local, inside = _local_ids(xp, "embedding", ids, lo, hi, vocab)

@@ -154,7 +154,7 @@ def _scatter_signatures(layouts, index, shape):
 
 
 def _scatter_kernel(xp, g, index, shape, ctx):
-    out = xp.zeros(tuple(b - a for a, b in ctx.out_box(0)), dtype=g.dtype)
+    out = xp.zeros(tuple(b - a for a, b in ctx.out_region(0)), dtype=g.dtype)
     out[_local_index(index)] = g
     return out
 

@@ -77,7 +77,7 @@ def _positions(xp, index, lo, hi):
 
 def _pick_kernel(xp, x, index, ctx, ignore_index=None):
     _check_targets("pick", index, ctx.in_layouts[0].shape[-1], ignore_index)
-    lo, hi = ctx.in_box(0)[-1]
+    lo, hi = ctx.in_region(0)[-1]
     if hi == lo:
         return xp.zeros(index.shape, dtype=x.dtype)
     local, inside = _positions(xp, index, lo, hi)
@@ -86,7 +86,7 @@ def _pick_kernel(xp, x, index, ctx, ignore_index=None):
 
 
 def _pick_grad_kernel(xp, g, index, x, ctx):
-    box = ctx.out_box(0)
+    box = ctx.out_region(0)
     lo, hi = box[-1]
     out = xp.zeros(tuple(b - a for a, b in box), dtype=g.dtype)
     if hi == lo:

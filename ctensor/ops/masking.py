@@ -34,7 +34,7 @@ def _two_dims_meta(opname: str):
 
 def _offsets(xp, ctx):
     """``col - row`` of every element of the shard's last two dims (global numbers)."""
-    (r0, r1), (c0, c1) = ctx.in_box(0)[-2:]
+    (r0, r1), (c0, c1) = ctx.in_region(0)[-2:]
     return xp.arange(c0, c1)[None, :] - xp.arange(r0, r1)[:, None]
 
 

@@ -83,7 +83,7 @@ def _unreduce_kernel(xp, g, dims, keepdim, shape, ctx):
     """Broadcast a reduced gradient back over the reduced dims (local region of ``shape``)."""
     if not keepdim and dims:
         g = xp.expand_dims(g, dims)
-    local = tuple(b - a for a, b in ctx.out_box(0))
+    local = tuple(b - a for a, b in ctx.out_region(0))
     return xp.broadcast_to(g, local).copy()
 
 

@@ -53,7 +53,7 @@ def _size_args(opname: str, arg: str, sizes: tuple) -> tuple:
 
 
 def _local_shape(ctx) -> tuple:
-    return tuple(b - a for a, b in ctx.out_box(0))
+    return tuple(b - a for a, b in ctx.out_region(0))
 
 
 # ----------------------------------------------------------------------------- reshape

@@ -21,9 +21,9 @@ class Sample:
     ``shapes``: input shapes for the even case; ``uneven``: shapes that split unevenly on 2, 3
     and 4 ranks (default: ``shapes`` with every dim made 5 or 7). ``make(rng, shape, i)``
     builds input ``i`` (default standard normal float64). ``grad``: which inputs get a
-    finite-difference gradient check. ``sbps``: allowed SBP kinds per input ("S", "B", "P";
-    default all) — outputs are checked for every combination, so ops without a P rule are
-    tested on boxing a P input too.
+    finite-difference gradient check. ``kinds``: the SBP kinds tried for every input ("S",
+    "B", "P"; default all) — outputs are checked for every combination, so ops without a P
+    rule are tested on boxing a P input too.
     """
 
     op: str
@@ -33,7 +33,6 @@ class Sample:
     uneven: Optional[Sequence[tuple]] = None
     make: Optional[Callable] = None
     grad: Sequence[int] = (0,)
-    sbps: Optional[Sequence[str]] = None
     rtol: float = 1e-7
     atol: float = 1e-9
     name: str = ""
