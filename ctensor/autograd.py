@@ -13,15 +13,19 @@ synchronised backward boxes the total once.
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from .registry import OPS
+from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "no_grad", "enable_grad", "is_grad_enabled", "no_sync",
            "grad_sync_enabled"]
 
 _grad_enabled = True
 _sync_enabled = True
+#: while a backward function runs: the layouts its gradients are headed for (the dual of
+#: each input's layout), which dispatch weighs when it chooses the backward ops' signatures
+destinations = None
 
 
 class Node:
@@ -125,11 +129,32 @@ def _topological(root) -> list:
     return order[::-1]
 
 
+def _toward(tensors) -> Optional[tuple]:
+    """Where the gradients of ``tensors`` are headed: per tensor ``(shape, placement, sbp)``
+    with, per mesh axis, the SBP its gradient is wanted in — a split tensor's gradient
+    split alike, a partial one's replicated (dual) — or None (a replicated tensor's gradient
+    may come out replicated or partial, whichever is free)."""
+    out = []
+    for t in tensors:
+        if t is None:
+            continue
+        want = tuple(None if isinstance(s, Broadcast) else d
+                     for s, d in zip(t._layout.sbp, dual(t._layout.sbp)))
+        if any(w is not None for w in want):
+            out.append((t._layout.shape, t._layout.placement, want))
+    return tuple(out) or None
+
+
 def _accumulate(store: dict, key, tensor, grad) -> None:
+    global destinations
     if grad is None:
         return
     if key in store:
-        store[key] = (store[key][0], OPS.add(store[key][1], grad))
+        previous, destinations = destinations, _toward([tensor])
+        try:
+            store[key] = (store[key][0], OPS.add(store[key][1], grad))
+        finally:
+            destinations = previous
     else:
         store[key] = (tensor, grad)
 
@@ -137,6 +162,7 @@ def _accumulate(store: dict, key, tensor, grad) -> None:
 def backward(root, grad, retain_graph: bool = False) -> None:
     """Reverse-mode pass from ``root`` seeded with ``grad`` (both checked by
     :meth:`Tensor.backward`, the public entry point)."""
+    global destinations
     with no_grad():
         # grads keyed by (id(node), output index) for intermediates, id(tensor) for leaves
         pending: dict = {}
@@ -152,7 +178,11 @@ def backward(root, grad, retain_graph: bool = False) -> None:
             if node.backward_fn is None:
                 raise RuntimeError("backward: trying to backward through the graph a second "
                                    "time; pass retain_graph=True to the first backward()")
-            in_grads = node.backward_fn(outs)
+            previous, destinations = destinations, _toward(node.inputs)
+            try:
+                in_grads = node.backward_fn(outs)
+            finally:
+                destinations = previous
             if not retain_graph:
                 node.backward_fn = None
             for t, g in zip(node.inputs, in_grads):

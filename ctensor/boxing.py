@@ -31,6 +31,7 @@ from typing import Callable
 
 import numpy as np
 
+from . import cost as cost_model
 from . import debug
 from .comm.base import Message
 from .layout import Layout, intersect, slices
@@ -58,7 +59,7 @@ class _Step(ABC):
         self.before, self.after, self.mesh_axis = before, after, mesh_axis
 
     def cost(self) -> float:
-        """Bytes one rank sends, roughly (the cost model of signature choice)."""
+        """Estimated seconds of this step on the slowest rank (see :mod:`ctensor.cost`)."""
         return 0.0
 
     @abstractmethod
@@ -92,9 +93,12 @@ class _GroupStep(_Step):
     def group_size(self) -> int:
         return self.before.placement.shape[self.mesh_axis]
 
-    def frac(self) -> float:
-        k = self.group_size()
-        return (k - 1) / k
+    def _time(self, layout: Layout) -> float:
+        """The collective's time for ``layout``'s largest shard (rank 0 of the mesh holds
+        the largest part under the uneven rule)."""
+        p = layout.placement
+        return cost_model.collective(self.collective, self.group_size(),
+                                     layout.local_nbytes(p.rank_list[0]), p.device)
 
 
 class _AllGather(_GroupStep):
@@ -105,7 +109,7 @@ class _AllGather(_GroupStep):
         self.dim = dim
 
     def cost(self):
-        return self.frac() * max(self.after.local_nbytes(r) for r in self.after.placement.rank_list)
+        return self._time(self.after)
 
     def run_group(self, comm, group, held):
         sizes = [self.before.local_shape(g)[self.dim] for g in group]
@@ -120,7 +124,7 @@ class _AllToAll(_GroupStep):
         self.split_dim, self.concat_dim = split_dim, concat_dim
 
     def cost(self):
-        return self.frac() * max(self.before.local_nbytes(r) for r in self.before.placement.rank_list)
+        return self._time(self.before)
 
     def run_group(self, comm, group, held):
         split_sizes = [self.after.local_shape(g)[self.split_dim] for g in group]
@@ -137,8 +141,7 @@ class _AllReduce(_GroupStep):
         self.op = op
 
     def cost(self):
-        return 2 * self.frac() * max(self.before.local_nbytes(r)
-                                     for r in self.before.placement.rank_list)
+        return self._time(self.before)
 
     def run_group(self, comm, group, held):
         return comm.all_reduce(group, held, self.op)
@@ -152,7 +155,7 @@ class _ReduceScatter(_GroupStep):
         self.op, self.dim = op, dim
 
     def cost(self):
-        return self.frac() * max(self.before.local_nbytes(r) for r in self.before.placement.rank_list)
+        return self._time(self.before)
 
     def run_group(self, comm, group, held):
         sizes = [self.after.local_shape(g)[self.dim] for g in group]
@@ -186,15 +189,11 @@ class _ToPartial(_Step):
         self.op, self.from_split = op, from_split
 
     def cost(self):
-        # S -> P moves nothing now, but inflates each rank's array to the full size, and the
-        # partial result must be reduced later: charge what that reduction will move, so a
-        # signature choice never prefers padding a split input over keeping it split.
-        # B -> P (how constants join a partial sum) is genuinely free.
-        if not self.from_split:
-            return 0.0
-        k = self.before.placement.shape[self.mesh_axis]
-        return (k - 1) / k * max(self.after.local_nbytes(r)
-                                 for r in self.after.placement.rank_list)
+        # moves nothing, but ranks other than index 0 write an identity-filled array of the
+        # new (full, for S -> P) shard size; the reduction the partial result needs later
+        # is charged to whichever op makes it (cost.deferred)
+        p = self.after.placement
+        return cost_model.compute(p.device, self.after.local_nbytes(p.rank_list[0]))
 
     def run(self, comm, shards):
         out = {}
@@ -251,8 +250,17 @@ class _Exchange(_Step):
         return messages
 
     def cost(self):
-        return float(sum(int(np.prod(m.shape, dtype=np.int64)) * self.before.dtype.itemsize
-                         for m, _ in self.messages if m.src != m.dst))
+        # the busiest rank: what it sends plus what it receives
+        load: dict = {}
+        for m, _ in self.messages:
+            if m.src != m.dst:
+                nbytes = int(np.prod(m.shape, dtype=np.int64)) * self.before.dtype.itemsize
+                load[m.src] = load.get(m.src, 0) + nbytes
+                load[m.dst] = load.get(m.dst, 0) + nbytes
+        if not load:
+            return 0.0
+        return cost_model.collective("send_recv", 2, max(load.values()),
+                                     self.after.placement.device)
 
     def run(self, comm, shards):
         sends = {m: shards[m.src][slices(piece, self.before.region(m.src))]
@@ -377,7 +385,7 @@ def plan(src: Layout, dst: Layout) -> tuple:
 
 
 def cost(src: Layout, dst: Layout) -> float:
-    """Estimated bytes moved per rank by boxing ``src`` into ``dst`` (0 when local)."""
+    """Estimated seconds of boxing ``src`` into ``dst`` (see :mod:`ctensor.cost`)."""
     return sum(step.cost() for step in plan(src, dst))
 
 

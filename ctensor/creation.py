@@ -7,6 +7,7 @@ that the ranks passed in against the uneven-split rule.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import numpy as np
@@ -43,6 +44,10 @@ def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
             raise ValueError(f"{fn}: argument 'shape' must hold non-negative ints, got "
                              f"{shape!r}")
     shape = tuple(int(n) for n in shape)
+    if math.prod(shape) >= 2**62:
+        raise ValueError(f"{fn}: argument 'shape' {shape} has {math.prod(shape)} elements, "
+                         f"more than any machine holds; accepted: shapes of fewer than 2**62 "
+                         f"elements")
     if sbp is None:
         sbp = (Broadcast(),) * placement.ndim
     sbp = normalize_sbp(sbp, placement.ndim, len(shape), fn)

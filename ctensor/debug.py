@@ -33,8 +33,9 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture",
 # ----------------------------------------------------------------------------- comm log
 @dataclass(frozen=True)
 class CommEvent:
-    """One boxing step: which op caused it, the SBPs, the collective and the bytes moved
-    (bytes of the shards this process fed into it)."""
+    """One boxing step: which op caused it, the SBPs, the collective, the bytes moved (bytes
+    of the shards this process fed into it: in a simulation, those of every rank), and the
+    logical shape and dtype of the tensor it moved."""
 
     op: str
     src: tuple
@@ -42,12 +43,14 @@ class CommEvent:
     collective: str
     nbytes: int
     mesh_axis: Optional[int] = None
+    shape: tuple = ()
+    dtype: str = ""
 
     def __repr__(self) -> str:
         from .sbp import format_sbp
         axis = "" if self.mesh_axis is None else f" axis {self.mesh_axis}"
         return (f"{self.op}: {format_sbp(self.src)} -> {format_sbp(self.dst)} via "
-                f"{self.collective}{axis} ({self.nbytes} B)")
+                f"{self.collective}{axis} of {self.shape} {self.dtype} ({self.nbytes} B)")
 
 
 def _human(nbytes: int) -> str:
@@ -161,7 +164,8 @@ def record(step, nbytes: int) -> None:
     if not _logs:
         return
     event = CommEvent(context.op_stack[-1], step.before.sbp, step.after.sbp, step.collective,
-                      int(nbytes), step.mesh_axis)
+                      int(nbytes), step.mesh_axis, tuple(step.before.shape),
+                      str(step.before.dtype))
     for log in _logs:
         log.append(event)
 

@@ -51,14 +51,22 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from . import autograd, boxing
+from . import cost as cost_model
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
 from .placement import Placement
 from .registry import OPS, OpRecord
 from .runtime import get_default_dtype, world
-from .sbp import Broadcast, format_sbp
+from .sbp import Broadcast, Partial, Split, dual, format_sbp
 from .tensor import TENSOR_TYPES, Tensor
+
+B_ = Broadcast()
+P_ = Partial()
+_EPSILON = 1e-12  # seconds: what touching a layout costs at the least
+#: an output left to be moved later may be moved once per consumer; moving it now once is
+#: preferred when the two otherwise tie
+_LATER = 1.01
 
 __all__ = ["OpDef", "Signature", "sig", "defop", "apply", "as_tensor", "KernelContext",
            "BackwardContext"]
@@ -95,12 +103,14 @@ class OpDef:
     on tensor inputs: ``opdef(x, dims=(0,), keepdim=False)``."""
 
     __slots__ = ("name", "kernel", "meta", "signatures", "backward", "needs_ctx",
-                 "n_outputs", "composite", "grads", "plan", "__weakref__")
+                 "n_outputs", "composite", "grads", "plan", "flops", "view", "per_axis",
+                 "__weakref__")
 
     def __init__(self, name: str, kernel: Callable, meta: Callable, signatures: Callable,
                  backward: Optional[Callable] = None, needs_ctx: bool = False,
                  n_outputs: int = 1, composite: Optional[Callable] = None,
-                 plan: Optional[Callable] = None):
+                 plan: Optional[Callable] = None, flops: Optional[Callable] = None,
+                 view: bool = False, per_axis: bool = False):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -110,6 +120,9 @@ class OpDef:
         self.n_outputs = n_outputs
         self.composite = composite
         self.plan = plan  # (layouts, **attrs) -> (targets, out_layouts): a fixed layout
+        self.flops = flops  # (local input shapes, local output shapes, **attrs) -> FLOPs
+        self.view = view  # the kernel only re-views its input: no compute to speak of
+        self.per_axis = per_axis  # signatures(..., mesh_axis=a) differ per mesh axis
         self.grads: dict[str, OpDef] = {}
 
     def __call__(self, *inputs, **attrs):
@@ -117,11 +130,13 @@ class OpDef:
 
     def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
                     signatures: Callable, needs_ctx: bool = False,
-                    backward: Optional[Callable] = None) -> "OpDef":
+                    backward: Optional[Callable] = None,
+                    flops: Optional[Callable] = None) -> "OpDef":
         """Declare a kernel that computes a gradient of this op (``gelu.grad_kernel("grad",
         ...)``), named ``<op>.<suffix>``. It is part of this op's declaration: it has no
         public name and is reached through this OpDef (``opdef.grads[suffix]``)."""
-        child = OpDef(f"{self.name}.{suffix}", kernel, meta, signatures, backward, needs_ctx)
+        child = OpDef(f"{self.name}.{suffix}", kernel, meta, signatures, backward, needs_ctx,
+                      flops=flops)
         self.grads[suffix] = child
         return child
 
@@ -144,17 +159,23 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           meta: Optional[Callable] = None, signatures: Optional[Callable] = None,
           backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
           composite: Optional[Callable] = None, plan: Optional[Callable] = None,
+          flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
           method=False) -> Callable:
     """Declare an op (see the module docstring): decorates its front and returns the public
     function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
 
-    ``name`` defaults to the front's name; ``method=True``
+    ``flops(local input shapes, local output shapes, **attrs)`` gives the kernel's
+    floating-point operations for the cost model (default: memory-bound); ``view=True``
+    marks a kernel that only re-views its input (reshape, permute); ``per_axis=True``
+    passes ``mesh_axis=`` to ``signatures`` (rules that depend on the other axes' splits,
+    such as reshape's alignment). ``name`` defaults to
+    the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
         if kernel is None:
-            if any(v is not None for v in (meta, signatures, backward, composite, plan)):
+            if any(v is not None for v in (meta, signatures, backward, composite, plan, flops)):
                 raise TypeError(f"defop({opname!r}): meta, signatures, backward, composite "
                                 f"and plan need a kernel")
             opdef, public = None, front
@@ -163,7 +184,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
                 raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
                                 f"(or a fixed plan)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
-                          composite, plan)
+                          composite, plan, flops, view, per_axis)
             public = _public(front, opdef)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]
@@ -327,48 +348,132 @@ def _attrs_key(attrs: dict):
 
 
 # --------------------------------------------------------------------------- choice
-def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta) -> tuple:
-    """Per mesh axis, the declared signature whose input boxing costs least (ties: the
-    earlier declared). Returns ``(input layouts after boxing, output layouts, composite)``.
-    Called once per (op, attributes, input layouts): :func:`apply` caches the result."""
-    placement = layouts[0].placement
-    candidates = opdef.signatures(layouts, **attrs)
-    if not candidates:
-        raise ValueError(f"{opdef.name}: no SBP signature for inputs "
-                         f"{[format_sbp(l.sbp) for l in layouts]}")
-    in_sbp = [list(l.sbp) for l in layouts]
-    out_sbp = [[None] * placement.ndim for _ in out_meta]
-    # an output shaped like its inputs, when those agree on one layout, is expected back in
-    # that layout (the tensors it meets next are laid out alike): changing it must pay for
-    # the way back
+def _hints(layouts: tuple, out_meta, placement, dests) -> list:
+    """Per output, where it is expected next: the SBP wanted per mesh axis (None: no
+    preference), or None. A gradient's destination (``dests``, from the autograd engine)
+    when exactly one has the output's shape; else the layout of the inputs shaped like the
+    output, when those agree (the tensors it meets next are laid out alike)."""
     hints = []
     for shape, _ in out_meta:
-        alike = {l.sbp: l for l in layouts if l.shape == tuple(shape)}
-        hints.append(next(iter(alike.values())) if len(alike) == 1 else None)
+        shape = tuple(shape)
+        if dests:
+            alike = {want for d_shape, d_placement, want in dests
+                     if d_shape == shape and d_placement == placement}
+            if len(alike) == 1:
+                hints.append(alike.pop())
+                continue
+        alike = {l.sbp for l in layouts if l.shape == shape}
+        hints.append(alike.pop() if len(alike) == 1 else None)
+    return hints
+
+
+def _gradient_layout(target: Layout, axis: int, replicated: bool) -> Layout:
+    """The layout the gradient of an input boxed to ``target`` comes back in along ``axis``:
+    a split input's gradient is split alike, a partial one's is replicated (dual), a
+    replicated one's is partial where the signature computes with split or partial
+    operands (each rank contributes its part) and replicated where every operand is."""
+    entry = target.sbp[axis]
+    if isinstance(entry, Partial):
+        entry = B_
+    elif isinstance(entry, Broadcast) and not replicated:
+        entry = P_
+    sbp = list(target.sbp)
+    sbp[axis] = entry
+    return target.with_sbp(sbp)
+
+
+def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints, device,
+                    grads) -> float:
+    """Estimated seconds of taking signature ``cand`` on mesh ``axis`` (see
+    :mod:`ctensor.cost`): boxing the inputs (each distinct input once) and, for inputs that
+    need a gradient, the boxing of that gradient back (the dual move) in the backward; the
+    composite's own reductions; the kernel's compute on the largest shard; the later
+    reduction of partial outputs; and boxing each output to where it is expected next."""
+    placement = layouts[0].placement
+    replicated = all(isinstance(e, Broadcast) for e in cand.inputs + cand.outputs)
+    total, boxed, seen = 0.0, [], {}
+    for i, l in enumerate(layouts):
+        if l.sbp[axis] == cand.inputs[i]:
+            boxed.append(l)
+            continue
+        sbp = list(l.sbp)
+        sbp[axis] = cand.inputs[i]
+        target = l.with_sbp(sbp)
+        boxed.append(target)
+        if seen.get(id(l)) is target:
+            continue  # the same input boxed the same way: once
+        seen[id(l)] = target
+        # (a relabel on a size-1 axis is free: the epsilon keeps a layout that is already
+        # right when everything else ties)
+        total += boxing.cost(l, target) + _EPSILON
+        if grads >> i & 1:
+            back = _gradient_layout(target, axis, replicated)
+            total += boxing.cost(back, l.with_sbp(dual(l.sbp)))
+    if cand.composite and cand.comm is not None:
+        total += cand.comm(layouts, axis, **attrs)
+    first = placement.rank_list[0]  # holds the largest part under the uneven rule
+    outs = []
+    for j, (shape, dtype) in enumerate(out_meta):
+        sbp = list(out_sbp[j])
+        sbp[axis] = cand.outputs[j]
+        outs.append(Layout(tuple(shape), np.dtype(dtype), placement,
+                           tuple(B_ if s is None else s for s in sbp)))
+    if not opdef.view:
+        nbytes = sum(l.local_nbytes(first) for l in boxed) + \
+            sum(l.local_nbytes(first) for l in outs)
+        flops = None
+        if opdef.flops is not None:
+            flops = opdef.flops([l.local_shape(first) for l in boxed],
+                                [l.local_shape(first) for l in outs], **attrs)
+        total += cost_model.compute(device, nbytes, flops)
+    # an output is charged the move to where it is expected next (its hint); without one, a
+    # layout this op creates is charged the move it will most likely need: a partial output
+    # owes a reduction (none is charged when a partial input only passes through), and a
+    # split made from unsplit inputs (to save compute) will likely be gathered again
+    k = placement.shape[axis]
+    kept = [l.sbp[axis] for l, c in zip(layouts, cand.inputs) if l.sbp[axis] == c]
+    partial_in = any(isinstance(e, Partial) for e in kept)  # inherited, not boxed into
+    split_in = any(isinstance(e, Split) for e in kept)
+    for j, out in enumerate(outs):
+        entry = cand.outputs[j]
+        want = hints[j][axis] if hints[j] is not None else None
+        if want is not None:
+            if entry != want:  # the move along this axis alone
+                sbp = [B_] * placement.ndim
+                sbp[axis] = entry
+                here = Layout(out.shape, out.dtype, placement, tuple(sbp))
+                sbp[axis] = want
+                total += _LATER * boxing.cost(here, here.with_sbp(sbp))
+        elif isinstance(entry, Partial) and not partial_in:
+            total += cost_model.collective("reduce_scatter", k, out.local_nbytes(first), device)
+        elif isinstance(entry, Split) and not split_in:
+            total += cost_model.collective("all_gather", k, out.local_nbytes(first) * k,
+                                           device)
+    return total
+
+
+def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta, dests, grads: int) -> tuple:
+    """Per mesh axis, the declared signature whose estimated time is least (ties: the
+    earlier declared). Returns ``(input layouts after boxing, output layouts, composite)``.
+    ``grads`` has bit ``i`` set when input ``i`` needs a gradient. Called once per (op,
+    attributes, input layouts, gradient destinations, grads): :func:`apply` caches it."""
+    placement = layouts[0].placement
+    if not opdef.per_axis:
+        candidates = opdef.signatures(layouts, **attrs)
+    in_sbp = [list(l.sbp) for l in layouts]
+    out_sbp = [[None] * placement.ndim for _ in out_meta]
+    hints = _hints(layouts, out_meta, placement, dests)
     composite = False
     for axis in range(placement.ndim):
+        if opdef.per_axis:
+            candidates = opdef.signatures(layouts, mesh_axis=axis, **attrs)
+        if not candidates:
+            raise ValueError(f"{opdef.name}: no SBP signature for inputs "
+                             f"{[format_sbp(l.sbp) for l in layouts]}")
         best, best_cost = None, None
         for cand in candidates:
-            total = 0.0
-            seen = {}
-            for i, l in enumerate(layouts):
-                if l.sbp[axis] == cand.inputs[i]:
-                    continue
-                sbp = list(l.sbp)
-                sbp[axis] = cand.inputs[i]
-                target = l.with_sbp(sbp)
-                if seen.get(id(l)) is target:
-                    continue  # the same input boxed the same way: once
-                seen[id(l)] = target
-                total += boxing.cost(l, target) + 1e-9 * (axis + 1)
-            if cand.composite and cand.comm is not None:
-                total += cand.comm(layouts, axis, **attrs)
-            for j, hint in enumerate(hints):
-                if hint is not None and cand.outputs[j] != hint.sbp[axis]:
-                    sbp = list(hint.sbp)
-                    sbp[axis] = cand.outputs[j]
-                    out = Layout(hint.shape, np.dtype(out_meta[j][1]), placement, tuple(sbp))
-                    total += boxing.cost(out, out.with_sbp(hint.sbp))
+            total = _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp,
+                                    hints, placement.device, grads)
             if best is None or total < best_cost:
                 best, best_cost = cand, total
         composite = composite or best.composite
@@ -407,13 +512,20 @@ class _Plan:
         self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
 
 
-def _plan(opdef: OpDef, layouts: tuple, attrs: dict) -> _Plan:
+def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int) -> _Plan:
     if opdef.plan is not None:
         targets, outs = opdef.plan(layouts, **attrs)
         return _Plan(opdef, targets, outs, False)
     _same_placement(opdef.name, [l.placement for l in layouts])
     out_meta = opdef.meta(layouts, **attrs)
-    return _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta))
+    return _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta, dests, grads))
+
+
+def _clear_plans() -> None:
+    _plans.clear()
+
+
+cost_model.on_change(_clear_plans)
 
 
 def _stale(opdef: OpDef, tensors: Sequence) -> None:
@@ -434,10 +546,16 @@ def _stale(opdef: OpDef, tensors: Sequence) -> None:
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     layouts = tuple([t._layout for t in tensors])
-    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts)
+    grads = 0  # bit i: input i needs a gradient (the choice then weighs the backward too)
+    if opdef.backward is not None and autograd.is_grad_enabled():
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                grads |= 1 << i
+    dests = autograd.destinations
+    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts, dests, grads)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(opdef, layouts, attrs)
+        plan = _plan(opdef, layouts, attrs, dests, grads)
         if len(_plans) > 65536:
             _plans.clear()
         _plans[key] = plan
@@ -492,12 +610,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         raise
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
 
-    if opdef.backward is not None and autograd.is_grad_enabled():
-        for t in tensors:
-            if t.requires_grad:
-                break
-        else:
-            return outputs[0] if single else tuple(outputs)
+    if grads:
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
         ctx = BackwardContext(tuple(boxed), tuple([o.detach() for o in outputs]), attrs, opdef,

@@ -5,6 +5,7 @@ is computed once and equality short-cuts on identity.
 """
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -39,7 +40,7 @@ class Layout:
         if self is None:
             self = object.__new__(cls)
             self.shape, self.dtype, self.placement, self.sbp = key
-            self.numel = int(np.prod(self.shape, dtype=np.int64))
+            self.numel = math.prod(self.shape)
             self._hash = hash(key)
             self._regions = None
             self._shapes = None

@@ -7,6 +7,7 @@ import numpy as np
 
 from .._args import norm_dim
 from ..dispatch import Signature, sig
+from .. import cost
 from ..registry import OPS
 from ..sbp import Broadcast, Partial, ReduceOp, Split, dual, without_partial
 
@@ -80,15 +81,19 @@ def transposed_signatures(forward: Sequence, wrt: int, order: Sequence) -> list:
 
 
 def row_stats_comm(n_reductions: int, dims_of):
-    """The ``comm`` estimate of a composite that reduces ``n_reductions`` row statistics
-    (max, sum, mean) over the dims ``dims_of(layout, attrs)`` of its first input: each is
-    an all-reduce of one value per row (bytes per rank, ring all-reduce)."""
+    """The ``comm`` estimate (seconds) of a composite that reduces ``n_reductions`` row
+    statistics (max, sum, mean) over the dims ``dims_of(layout, attrs)`` of its first input:
+    each is an all-reduce of one value per row. (Its elementwise passes are those the fused
+    kernel makes too, on the shard the cost model already charges.)"""
     def comm(layouts, axis, **attrs):
         x = layouts[0]
         reduced_size = int(np.prod([x.shape[d] for d in dims_of(x, attrs)], dtype=np.int64))
         rows = x.numel // max(1, reduced_size)
-        k = x.placement.shape[axis]
-        return n_reductions * 2.0 * (k - 1) / k * rows * x.dtype.itemsize
+        p = x.placement
+        if p.shape[axis] == 1:  # a size-1 axis: nothing to reduce, the layout stays as it is
+            return 0.0
+        return n_reductions * cost.collective("all_reduce", p.shape[axis],
+                                              rows * x.dtype.itemsize, p.device)
     return comm
 
 

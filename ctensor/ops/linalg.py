@@ -146,6 +146,11 @@ def _backward(ctx, g):
     ga = matmul_t(g2, b2, False, not tb) if not ta else matmul_t(b2, g2, tb, True)
     ga = sum_to(ga, a2.shape)
     # dB' = A'^T @ G; if B was transposed, dB = dB'^T = G^T @ A'
+    if b2.ndim == 2 and a2.ndim > 2 and not ta:
+        # a matrix applied to a batch (a linear layer): contract the batch dims inside one
+        # product, (batch*m, k)^T @ (batch*m, n), instead of a batch of products then a sum
+        a2 = OPS.reshape(a2, -1, a2.shape[-1])
+        g2 = OPS.reshape(g2, -1, g2.shape[-1])
     gb = matmul_t(a2, g2, not ta, False) if not tb else matmul_t(g2, a2, True, ta)
     gb = sum_to(gb, b2.shape)
     if a.ndim == 1:
@@ -155,8 +160,16 @@ def _backward(ctx, g):
     return ga, gb
 
 
+def _flops(in_shapes, out_shapes, transpose_a: bool = False, transpose_b: bool = False):
+    """``2 * (output elements) * (contracted length)`` on one shard."""
+    a = in_shapes[0]
+    k = a[-1] if len(a) == 1 or not transpose_a else a[-2]
+    return 2.0 * float(np.prod(out_shapes[0], dtype=np.float64)) * k
+
+
 # ----------------------------------------------------------------------------- public
-@defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, method=True)
+@defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, flops=_flops,
+       method=True)
 def matmul(op, a, b):
     """Matrix product with NumPy/PyTorch semantics (``a @ b``): 1-D operands are vectors,
     leading (batch) dims broadcast.

@@ -88,10 +88,13 @@ def _unreduce_kernel(xp, g, dims, keepdim, shape, ctx):
 
 
 def _unreduce_signatures(layouts, dims, keepdim, shape, **_):
+    # the transposes of the reduction's rules: a kept dim's split maps back; a replicated
+    # gradient fills any split of a reduced dim locally (each shard broadcasts into its part)
     cands = [sig([B], B), sig([P], P)]
     kept = [e for e in range(len(shape)) if e not in dims]
     for e in kept:
         cands.append(sig([S(_shift(e, dims, keepdim))], S(e)))
+    cands += [sig([B], S(d)) for d in dims]
     return cands
 
 

@@ -9,9 +9,9 @@ with the elementwise reduction over ranks). Splits (1-D, per mesh axis):
   dim ``d'`` start at the same flat offset (equal products of the dims before them) and
   each part of ``d`` covers the same flat range as the matching part of ``d'``. That holds
   when the two dims have the same size (the blocks below them are then equal, so any uneven
-  split matches), or when both sizes are multiples of the number of ranks K of the whole
-  mesh (every part then holds total/K consecutive elements of the block, also when several
-  mesh axes split the same dim). Other splits are not offered, so boxing gathers first.
+  split matches), or when both sizes are multiples of the number K of parts the dim is cut
+  into (the mesh axis's size, times those of the other axes that split the same dim):
+  every part then holds total/K consecutive elements of the block. Other splits are not offered, so boxing gathers first.
   The kernel then is a plain local reshape to the output shard's shape.
 * ``permute``: S(d) -> S(j) where ``dims[j] == d``; a local transpose.
 * ``expand``: S(d) -> S(d + new leading dims) for dims that keep their size.
@@ -84,13 +84,16 @@ def _reshape_meta(layouts, shape):
     return [(tuple(shape), x.dtype)]
 
 
-def _reshape_signatures(layouts, shape):
+def _reshape_signatures(layouts, shape, mesh_axis):
     (x,) = layouts
     cands = [sig([B], B)]
-    if math.prod(x.shape) > 0:
-        mesh_size = math.prod(x.placement.shape)
+    if x.numel > 0:
+        mesh = x.placement.shape
         for d in range(x.ndim):
-            j = _aligned_dim(tuple(x.shape), tuple(shape), d, mesh_size)
+            # the parts dim d is cut into if this axis splits it too (nested splits)
+            parts = mesh[mesh_axis] * math.prod(
+                n for a, n in enumerate(mesh) if a != mesh_axis and x.sbp[a] == S(d))
+            j = _aligned_dim(tuple(x.shape), tuple(shape), d, parts)
             if j is not None:
                 cands.append(sig([S(d)], S(j)))
     return cands + partial_signatures(layouts)
@@ -126,7 +129,7 @@ def _reshape(opname: str, x, sizes: tuple):
 
 
 @defop(kernel=lambda xp, x, shape, ctx: x.reshape(_local_shape(ctx)), needs_ctx=True,
-       meta=_reshape_meta, signatures=_reshape_signatures,
+       meta=_reshape_meta, signatures=_reshape_signatures, per_axis=True, view=True,
        backward=lambda ctx, g: (reshape(g, ctx.inputs[0].shape),), method=True)
 def reshape(op, x, *shape):
     """The same elements in a new shape (row-major); one dim may be ``-1``.
@@ -221,7 +224,7 @@ def _permute(opname: str, x, dims: tuple):
 
 @defop(kernel=lambda xp, x, dims: xp.transpose(x, dims),
        meta=lambda layouts, dims: [(tuple(layouts[0].shape[d] for d in dims), layouts[0].dtype)],
-       signatures=_permute_signatures,
+       signatures=_permute_signatures, view=True,
        backward=lambda ctx, g: (permute.op(g, dims=_inverse(ctx.attrs["dims"])),), method=True)
 def permute(op, x, *dims):
     """Reorder the dims: output dim ``j`` is input dim ``dims[j]``; a split moves with its
