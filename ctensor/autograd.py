@@ -15,11 +15,14 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator, Optional, Sequence
 
+from . import gradsync
 from .registry import OPS
 from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "no_grad", "enable_grad", "is_grad_enabled", "no_sync",
-           "grad_sync_enabled"]
+           "grad_sync_enabled", "grad_layout", "bucket_size", "set_bucket_size"]
+
+bucket_size, set_bucket_size = gradsync.bucket_size, gradsync.set_bucket_size
 
 _grad_enabled = True
 _sync_enabled = True
@@ -161,50 +164,74 @@ def _accumulate(store: dict, key, tensor, grad) -> None:
 
 def backward(root, grad, retain_graph: bool = False) -> None:
     """Reverse-mode pass from ``root`` seeded with ``grad`` (both checked by
-    :meth:`Tensor.backward`, the public entry point)."""
+    :meth:`Tensor.backward`, the public entry point). Each leaf's gradient is handed to
+    :mod:`ctensor.gradsync` as soon as it is final (every op that used the leaf has run its
+    backward), which buckets the reductions and finishes them before returning."""
     global destinations
+    sync = gradsync.Synchronizer(_sync_enabled)
     with no_grad():
         # grads keyed by (id(node), output index) for intermediates, id(tensor) for leaves
         pending: dict = {}
         leaf_grads: dict = {}
+        order = _topological(root)
+        uses: dict = {}  # id(leaf) -> nodes still to run that take it as an input
+        for node in order:
+            for t in node.inputs:
+                if t is not None and t._node is None:
+                    uses[id(t)] = uses.get(id(t), 0) + 1
         if root._node is None:
             _accumulate(leaf_grads, id(root), root, grad)
         else:
             pending[(id(root._node), root._out_index)] = (None, grad)
-        for node in _topological(root):
+        for node in order:
             outs = [pending.pop((id(node), i), (None, None))[1] for i in range(node.n_outputs)]
-            if all(g is None for g in outs):
-                continue
-            if node.backward_fn is None:
-                raise RuntimeError("backward: trying to backward through the graph a second "
-                                   "time; pass retain_graph=True to the first backward()")
-            previous, destinations = destinations, _toward(node.inputs)
-            try:
-                in_grads = node.backward_fn(outs)
-            finally:
-                destinations = previous
-            if not retain_graph:
-                node.backward_fn = None
-            for t, g in zip(node.inputs, in_grads):
-                if t is None or g is None:
-                    continue
-                if t._node is None:
-                    _accumulate(leaf_grads, id(t), t, g)
-                else:
-                    _accumulate(pending, (id(t._node), t._out_index), t, g)
-        for leaf, g in leaf_grads.values():
-            _deposit(leaf, g)
+            if any(g is not None for g in outs):
+                if node.backward_fn is None:
+                    raise RuntimeError("backward: trying to backward through the graph a "
+                                       "second time; pass retain_graph=True to the first "
+                                       "backward()")
+                previous, destinations = destinations, _toward(node.inputs)
+                try:
+                    in_grads = node.backward_fn(outs)
+                finally:
+                    destinations = previous
+                if not retain_graph:
+                    node.backward_fn = None
+                for t, g in zip(node.inputs, in_grads):
+                    if t is None or g is None:
+                        continue
+                    if t._node is None:
+                        _accumulate(leaf_grads, id(t), t, g)
+                    else:
+                        _accumulate(pending, (id(t._node), t._out_index), t, g)
+            for t in node.inputs:  # leaves whose every use has run: their gradient is final
+                if t is not None and t._node is None:
+                    uses[id(t)] -= 1
+                    if uses[id(t)] == 0 and id(t) in leaf_grads:
+                        sync.deposit(*leaf_grads.pop(id(t)))
+            sync.progress()
+        for leaf, g in leaf_grads.values():  # the root itself, when it is a leaf
+            sync.deposit(leaf, g)
+        sync.finish()
 
 
-def _deposit(leaf, g) -> None:
-    """Add ``g`` to ``leaf.grad``; box to the leaf's layout unless inside no_sync."""
-    if leaf.grad is not None:
-        g = OPS.add(leaf.grad, g)
-    if _sync_enabled:
-        g = g.to_global(leaf.placement, leaf.sbp)
-    if g.dtype != leaf.dtype:
-        g = OPS.to(g, leaf.dtype)
-    if g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
-                                                     leaf._shards.values())):
-        g = OPS.clone(g)
-    leaf.grad = g.detach()
+def grad_layout(tensor, placement=None, sbp=None) -> None:
+    """Make ``backward()`` leave the gradient of the leaf ``tensor`` in ``placement`` and
+    ``sbp`` instead of the leaf's own layout (``sbp=None``: back to the leaf's layout).
+    Sharded optimizer states use it: with ``shard_states_along`` a broadcast parameter's
+    gradient is reduce-scattered straight into the states' split (ZeRO-2) instead of being
+    all-reduced and sliced.
+
+    >>> ct.autograd.grad_layout(w, sbp=ct.sbp.split(0))    # w.grad comes back S(0)
+    """
+    from .layout import Layout  # pure module
+    from .sbp import normalize_sbp
+    if not getattr(tensor, "is_leaf", False):
+        raise ValueError("grad_layout: argument 'tensor' must be a leaf ct.Tensor (a "
+                         "parameter), got a non-leaf or another type")
+    if sbp is None:
+        tensor._grad_layout = None
+        return
+    placement = placement or tensor.placement
+    sbp = normalize_sbp(sbp, placement.ndim, tensor.ndim, "grad_layout")
+    tensor._grad_layout = Layout(tensor.shape, tensor.dtype, placement, sbp)

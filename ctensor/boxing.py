@@ -33,13 +33,13 @@ import numpy as np
 
 from . import cost as cost_model
 from . import debug
-from .comm.base import Message
+from .comm.base import Message, Pending
 from .layout import Layout, intersect, slices
 from .arrays import array_module, to_device, to_host
 from .runtime import world
 from .sbp import Broadcast, Partial, ReduceOp, Split, SBP
 
-__all__ = ["box", "plan", "cost"]
+__all__ = ["box", "plan", "cost", "reduce_flat"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -404,3 +404,67 @@ def box(shards: dict, src: Layout, dst: Layout) -> dict:
             shards = step.run(comm, shards)
     return shards
 
+
+# ----------------------------------------------------------------------------- flat buffers
+def _group(placement, rank: int, axes: tuple) -> tuple:
+    """The ranks sharing ``rank``'s mesh coordinates on every axis but ``axes``, in mesh
+    order (one axis: :meth:`Placement.axis_group`)."""
+    if len(axes) == 1:
+        return placement.axis_group(rank, axes[0])
+    coord = placement.coord(rank)
+    return tuple(r for r in placement.rank_list
+                 if all(c == coord[a] for a, c in enumerate(placement.coord(r))
+                        if a not in axes))
+
+
+class _Flat:
+    """The communication-log view of one flat-buffer reduction (what ``debug.record``
+    reads of a step)."""
+
+    def __init__(self, placement, axes, scatter, dtype, numel):
+        self.collective = "reduce_scatter" if scatter else "all_reduce"
+        self.mesh_axis = axes[0] if len(axes) == 1 else None
+        sbp = tuple(Partial() if a in axes else Broadcast() for a in range(placement.ndim))
+        after = tuple((Split(0) if scatter else Broadcast()) if a in axes else Broadcast()
+                      for a in range(placement.ndim))
+        self.before = Layout((numel,), dtype, placement, sbp)
+        self.after = Layout((numel,), dtype, placement, after)
+
+
+def reduce_flat(flats: dict, placement, axes: tuple, scatter_sizes, dtype, count: int):
+    """Start the sum of the 1-D ``{rank: buffer}`` over the groups of mesh ``axes``: an
+    all-reduce, or (``scatter_sizes``: ``{rank: the segment size of each member of its
+    group}``) a reduce-scatter.
+    Returns a :class:`~ctensor.comm.base.Pending` of the ``{rank: result}``. Used for
+    gradient buckets (``count`` gradients in each buffer)."""
+    comm = world().comm_for(placement.device)
+    record = _Flat(placement, axes, scatter_sizes is not None, dtype,
+                   int(next(iter(flats.values())).size) if flats else 0)
+    pending, done = [], set()
+    with debug.boxing_step(record):
+        for r in flats:
+            if r in done:
+                continue
+            group = _group(placement, r, axes)
+            held = {g: flats[g] for g in group if g in flats}
+            done.update(held)
+            if len(group) == 1:
+                continue
+            if scatter_sizes is None:
+                pending.append(comm.all_reduce_start(group, held, ReduceOp.SUM))
+            else:
+                pending.append(comm.reduce_scatter_start(group, held, ReduceOp.SUM, 0,
+                                                         scatter_sizes[next(iter(held))]))
+    if any(placement.shape[a] > 1 for a in axes):  # on every rank, as boxing steps are
+        debug.record(record, sum(int(a.nbytes) for a in flats.values()))
+
+    def wait() -> dict:
+        out = dict(flats)
+        for p in pending:
+            out.update(p.wait())
+        return out
+
+    def test() -> bool:
+        return all(p.test() for p in pending)
+
+    return Pending(wait=wait, test=test)

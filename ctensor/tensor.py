@@ -37,7 +37,7 @@ class Tensor:
     """
 
     __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
-                 "__weakref__")
+                 "_grad_layout", "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
     #: names of the op methods bound by op declarations (``defop(..., method=...)``)
@@ -51,6 +51,7 @@ class Tensor:
         self._node = None  # autograd.Node that produced this tensor (None for leaves)
         self._out_index = 0  # which output of that node this tensor is
         self._version = 0
+        self._grad_layout = None  # where backward() leaves this leaf's gradient (None: here)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from ..sbp import ReduceOp
 
@@ -34,6 +34,26 @@ class Message:
     tag: int
     shape: tuple
     dtype: Any
+
+
+class Pending:
+    """A started collective: :meth:`test` lets it advance and says whether it is done,
+    :meth:`wait` completes it and returns its ``{rank: array}`` result. Backends without
+    nonblocking collectives return one that is already complete."""
+
+    def __init__(self, result: Optional[dict] = None, wait=None, test=None):
+        self._result, self._wait, self._test = result, wait, test
+
+    def test(self) -> bool:
+        if self._result is not None or self._test is None:
+            return True
+        return bool(self._test())
+
+    def wait(self) -> dict:
+        if self._result is None:
+            self._result = self._wait()
+            self._wait = self._test = None
+        return self._result
 
 
 class Communicator(ABC):
@@ -87,6 +107,16 @@ class Communicator(ABC):
     def all_gather_object(self, group: Group, objs: Shards) -> dict:
         """Small Python metadata (shapes, fingerprints): every member gets the list of all
         members' objects in group order. Never used for tensor data."""
+
+    def all_reduce_start(self, group: Group, bufs: Shards, op: ReduceOp) -> Pending:
+        """:meth:`all_reduce`, started: the result comes from the returned
+        :class:`Pending` (nonblocking where the backend can; here it runs at once)."""
+        return Pending(self.all_reduce(group, bufs, op))
+
+    def reduce_scatter_start(self, group: Group, bufs: Shards, op: ReduceOp, dim: int,
+                             sizes: Sequence[int]) -> Pending:
+        """:meth:`reduce_scatter`, started (see :meth:`all_reduce_start`)."""
+        return Pending(self.reduce_scatter(group, bufs, op, dim, sizes))
 
     def barrier(self) -> None:
         """Wait for every rank of the world (no-op where the process holds all ranks)."""

@@ -1,0 +1,214 @@
+"""Bucketed gradient synchronisation: the end of ``backward()`` for leaf gradients.
+
+A leaf's gradient is *final* once every op that used the leaf has run its backward. The
+autograd engine hands each final gradient here, in the order they become final (the same
+on every rank: it depends on the graph only). A gradient whose layout differs from its
+destination (the leaf's layout, or the one set with :func:`ctensor.autograd.grad_layout`)
+only by partial sums to reduce — ``P -> B`` (data parallelism: an all-reduce) or, on one
+mesh axis, ``P -> S(d)`` (sharded states: a reduce-scatter) — joins a **bucket** of
+gradients needing the same reduction over the same mesh axes. A bucket is flattened into
+one buffer per rank and reduced by one collective, started (nonblocking where the backend
+allows) as soon as it holds :func:`bucket_size` bytes, while the backward goes on; every
+bucket is waited on before ``backward()`` returns. Gradients that need another move (a
+gather, say) are boxed one by one. Every bucket appears in ``ct.debug.comm_log()`` as op
+``grad_sync``.
+
+For a reduce-scatter the buffer is packed by rank: segment ``r`` holds, for every gradient
+of the bucket, its part ``r`` along its split dim (the uneven rule), so the one collective
+leaves each rank exactly its shard of every gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from . import boxing
+from .arrays import array_module
+from .comm import context
+from .layout import Layout
+from .registry import OPS
+from .sbp import Broadcast, Partial, ReduceOp, Split, split_range
+
+__all__ = ["bucket_size", "set_bucket_size", "Synchronizer", "DEFAULT_BUCKET_MB"]
+
+#: the default bucket size in MiB (PyTorch DDP's default)
+DEFAULT_BUCKET_MB = 25.0
+_bucket_bytes = int(DEFAULT_BUCKET_MB * 2**20)
+
+
+def bucket_size() -> int:
+    """The bucket size in bytes: a bucket's reduction starts once it holds this much."""
+    return _bucket_bytes
+
+
+def set_bucket_size(megabytes: float) -> None:
+    """Set the gradient bucket size in MiB (default 25, like PyTorch DDP); ``0`` reduces
+    every gradient on its own, as soon as it is final. Call it alike on every rank.
+
+    >>> ct.autograd.set_bucket_size(50)
+    """
+    global _bucket_bytes
+    if isinstance(megabytes, bool) or not isinstance(megabytes, (int, float)) or \
+            not megabytes >= 0:
+        raise ValueError(f"set_bucket_size: argument 'megabytes' must be a number >= 0, got "
+                         f"{megabytes!r}")
+    _bucket_bytes = int(megabytes * 2**20)
+
+
+def _reduction(src: Layout, dst: Layout):
+    """``(axes, scatter)`` when ``src`` becomes ``dst`` by reducing partial sums only:
+    ``axes`` the mesh axes reduced, ``scatter`` the one ``(axis, dim)`` reduce-scattered
+    (or None). ``None`` when another move is needed."""
+    if src.placement != dst.placement or src.shape != dst.shape or src.dtype != dst.dtype:
+        return None
+    axes, scatter = [], None
+    for axis, (s, d) in enumerate(zip(src.sbp, dst.sbp)):
+        if s == d or src.placement.shape[axis] == 1:  # (a size-1 axis: a relabel)
+            continue
+        if not (isinstance(s, Partial) and s.op is ReduceOp.SUM):
+            return None
+        if isinstance(d, Broadcast):
+            axes.append(axis)
+        elif isinstance(d, Split) and scatter is None and \
+                not any(isinstance(e, Split) and e.dim == d.dim for e in src.sbp):
+            scatter = (axis, d.dim)
+        else:
+            return None
+    if scatter is not None:
+        if axes:  # a reduce-scatter together with all-reduces: box it on its own
+            return None
+        return (scatter[0],), scatter
+    return (tuple(axes), None) if axes else None
+
+
+class _Bucket:
+    """Gradients needing one reduction; filled, then reduced by one collective."""
+
+    def __init__(self, key, placement, dtype, axes, scatter):
+        self.key, self.placement, self.dtype = key, placement, dtype
+        self.axes, self.scatter = axes, scatter  # scatter: the reduce-scattered axis or None
+        self.members: list = []  # (leaf, grad tensor, target layout)
+        self.nbytes = 0
+        self.pending = None
+
+    def add(self, leaf, grad, target: Layout, dim=None) -> None:
+        """Add a gradient; ``dim``: the dim a reduce-scatter splits (members may differ)."""
+        self.members.append((leaf, grad, target, dim))
+        self.nbytes += grad._layout.local_nbytes(self.placement.rank_list[0])
+
+    # --------------------------------------------------------------- packing
+    def _parts(self, grad, dim, rank: int):
+        """The pieces of ``grad``'s shard on ``rank`` in buffer order (for a scatter: one
+        piece per rank of the group, along the split dim ``dim``)."""
+        arr = grad._shards[rank]
+        if self.scatter is None:
+            return [arr.reshape(-1)]
+        k = self.placement.shape[self.scatter]
+        n = arr.shape[dim]
+        parts = []
+        for i in range(k):
+            a, b = split_range(n, k, i)
+            index = [slice(None)] * arr.ndim
+            index[dim] = slice(a, b)
+            parts.append(arr[tuple(index)].reshape(-1))
+        return parts
+
+    def start(self) -> None:
+        """Pack every member's shards into one buffer per rank and start the reduction."""
+        flats, sizes = {}, None if self.scatter is None else {}
+        for rank in self.members[0][1]._shards:
+            xp = array_module(self.members[0][1]._shards[rank])
+            pieces = [self._parts(g, dim, rank) for _, g, _, dim in self.members]
+            if self.scatter is None:
+                flats[rank] = xp.concatenate([p[0] for p in pieces]) if len(pieces) > 1 \
+                    else pieces[0][0].copy()
+            else:  # segment i: every member's part i
+                k = len(pieces[0])
+                segments = [xp.concatenate([p[i] for p in pieces]) for i in range(k)]
+                sizes[rank] = [int(s.size) for s in segments]  # alike across a group
+                flats[rank] = xp.concatenate(segments)
+        self.pending = boxing.reduce_flat(flats, self.placement, self.axes, sizes,
+                                          self.dtype, len(self.members))
+
+    def finish(self) -> list:
+        """Wait for the reduction and give each member its reduced shard:
+        ``[(leaf, reduced grad tensor)]``."""
+        reduced = self.pending.wait()
+        out, offset = [], {r: 0 for r in reduced}
+        for leaf, grad, target, _ in self.members:
+            shards = {}
+            for rank, flat in reduced.items():
+                shape = target.local_shape(rank)
+                n = int(np.prod(shape, dtype=np.int64))
+                shards[rank] = flat[offset[rank]:offset[rank] + n].reshape(shape)
+                offset[rank] += n
+            out.append((leaf, type(grad)(target, shards)))
+        return out
+
+
+class Synchronizer:
+    """One ``backward()``'s leaf-gradient deposits: accumulate into ``.grad``, bucket the
+    reductions, finish them all at the end (see the module docstring)."""
+
+    def __init__(self, sync: bool):
+        self.sync = sync
+        self.open: dict = {}      # key -> filling bucket
+        self.started: list = []   # buckets whose reduction runs, in start order
+        self.direct: list = []    # (leaf, final grad) boxed one by one
+
+    def deposit(self, leaf, g) -> None:
+        """``g`` is ``leaf``'s final gradient of this backward."""
+        if leaf.grad is not None:
+            g = OPS.add(leaf.grad, g)
+        if g.dtype != leaf.dtype:
+            g = OPS.to(g, leaf.dtype)
+        if not self.sync:  # no_sync: keep the layout the graph produced
+            self.direct.append((leaf, g))
+            return
+        target = getattr(leaf, "_grad_layout", None) or leaf._layout
+        plan = _reduction(g._layout, target) if _bucket_bytes > 0 else None
+        if plan is None:
+            self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+            return
+        axes, scatter = plan
+        scatter_axis = scatter[0] if scatter else None
+        key = (target.placement, target.dtype, axes, scatter_axis)
+        bucket = self.open.get(key)
+        if bucket is None:
+            bucket = self.open[key] = _Bucket(key, target.placement, target.dtype, axes,
+                                              scatter_axis)
+        bucket.add(leaf, g, target, scatter[1] if scatter else None)
+        if bucket.nbytes >= _bucket_bytes:
+            self._start(bucket)
+
+    def _start(self, bucket: _Bucket) -> None:
+        del self.open[bucket.key]
+        context.op_stack.append("grad_sync")  # names the bucket in the communication log
+        try:
+            bucket.start()
+        finally:
+            context.op_stack.pop()
+        self.started.append(bucket)
+
+    def progress(self) -> None:
+        """Let started reductions advance (backends that progress only when called)."""
+        for bucket in self.started:
+            bucket.pending.test()
+
+    def finish(self) -> None:
+        """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
+        for bucket in list(self.open.values()):
+            self._start(bucket)
+        results = list(self.direct)
+        for bucket in self.started:
+            results += bucket.finish()
+        for leaf, g in results:
+            _set_grad(leaf, g)
+
+
+def _set_grad(leaf, g) -> None:
+    if g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
+                                                     leaf._shards.values())):
+        g = OPS.clone(g)
+    leaf.grad = g.detach()
