@@ -11,3 +11,5 @@ from . import embedding  # noqa: F401
 from . import loss  # noqa: F401
 from . import softmax  # noqa: F401
 from . import normalization  # noqa: F401
+from . import gather  # noqa: F401
+from . import gather  # noqa: F401
