@@ -12,4 +12,5 @@ from . import loss  # noqa: F401
 from . import softmax  # noqa: F401
 from . import normalization  # noqa: F401
 from . import gather  # noqa: F401
-from . import gather  # noqa: F401
+from . import sorting  # noqa: F401
+from . import scan  # noqa: F401
