@@ -14,3 +14,4 @@ from . import normalization  # noqa: F401
 from . import gather  # noqa: F401
 from . import sorting  # noqa: F401
 from . import scan  # noqa: F401
+from . import einsum  # noqa: F401
