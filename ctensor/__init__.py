@@ -9,6 +9,8 @@ and how it is laid out (:mod:`ctensor.sbp`); ctensor inserts every collective.
 ...     y = x.to_global(sbp=ct.sbp.broadcast)        # all-gather
 """
 from . import sbp
+from .dtypes import (float16, float32, float64, int8, int16, int32, int64, uint8,
+                     bool_ as bool)  # NumPy dtypes; NumPy has no bfloat16  # noqa: A001
 from .placement import placement, Placement
 from .runtime import (simulate, launched_by_mpi, rank, world_size, set_default_dtype,
                       get_default_dtype, set_default_device)

@@ -54,6 +54,7 @@ from . import autograd, boxing
 from . import cost as cost_model
 from .arrays import array_module
 from .comm import context
+from .dtypes import scalar_dtype
 from .layout import Layout
 from .placement import Placement
 from .registry import OPS, OpRecord
@@ -258,27 +259,6 @@ def _constant(value, placement: Placement, dtype=None) -> Tensor:
     return out
 
 
-def _scalar_dtype(value, others: Sequence[np.dtype]) -> np.dtype:
-    """dtype of a Python scalar operand: it follows the tensors' kind like PyTorch does."""
-    if isinstance(value, np.generic) or isinstance(value, np.ndarray):
-        return np.asarray(value).dtype
-    if isinstance(value, bool):
-        return np.dtype(bool)
-    if isinstance(value, int):
-        for d in others:
-            if d.kind in "iufc":
-                return d if d.kind != "u" else np.dtype(np.int64)
-        return np.dtype(np.int64)
-    if isinstance(value, float):
-        for d in others:
-            if d.kind in "fc":
-                return d
-        return get_default_dtype()
-    if isinstance(value, complex):
-        return np.dtype(np.complex128)
-    return np.asarray(value).dtype
-
-
 def _same_placement(opname: str, placements: Sequence) -> Placement:
     """The one placement of an op's inputs; ``ValueError`` naming both when they differ."""
     first = placements[0]
@@ -317,7 +297,7 @@ def as_tensor(values: Sequence, opname: str) -> tuple:
             out.append(v)
         elif isinstance(v, (bool, int, float, complex, np.generic, np.ndarray, list)):
             out.append(_constant(v, placement, None if isinstance(v, (np.ndarray, list))
-                                 else _scalar_dtype(v, dtypes)))
+                                 else scalar_dtype(v, dtypes, opname)))
         else:
             raise TypeError(f"{opname}: unsupported operand {v!r} ({type(v).__name__}); "
                             f"expected a ct.Tensor, a Python number or a NumPy array")

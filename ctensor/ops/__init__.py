@@ -11,3 +11,7 @@ from . import embedding  # noqa: F401
 from . import loss  # noqa: F401
 from . import softmax  # noqa: F401
 from . import normalization  # noqa: F401
+from . import gather  # noqa: F401
+from . import sorting  # noqa: F401
+from . import scan  # noqa: F401
+from . import einsum  # noqa: F401

@@ -1,11 +1,17 @@
-"""Shared helpers for op declarations: metadata checks and signature builders."""
+"""Shared helpers for op declarations: metadata checks, signature builders, and the
+:func:`defop` every op family uses (dispatch's, with PyTorch-keyword errors)."""
 from __future__ import annotations
 
-from typing import Sequence
+import functools
+import inspect
+from collections import namedtuple
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 from .._args import norm_dim
+from ..dtypes import result_type
+from .. import dispatch
 from ..dispatch import Signature, sig
 from .. import cost
 from ..registry import OPS
@@ -52,8 +58,10 @@ def elementwise_signatures(layouts: Sequence, out_shape: tuple, partial: Sequenc
 
 
 def result_dtype(opname: str, dtypes: Sequence) -> np.dtype:
+    """The promoted dtype of tensors of ``dtypes`` (PyTorch's table, :mod:`ctensor.dtypes`:
+    int64 + float16 -> float16, not NumPy's float64)."""
     try:
-        return np.result_type(*dtypes)
+        return result_type(dtypes)
     except TypeError:
         raise TypeError(f"{opname}: no common dtype for {[str(d) for d in dtypes]}") from None
 
@@ -110,6 +118,68 @@ def split_along(layout, dim: int) -> bool:
     return any(isinstance(s, Split) and s.dim == dim for s in layout.sbp)
 
 
-__all__ = ["B", "P", "PMAX", "PMIN", "S", "Signature", "sig", "broadcast_shapes", "norm_dim",
+#: what ``max(dim)``, ``min(dim)``, ``sort`` and ``topk`` return: ``values, indices = ...``
+#: or ``out.values`` / ``out.indices`` (PyTorch's return types)
+ValuesIndices = namedtuple("ValuesIndices", ["values", "indices"])
+
+
+# ----------------------------------------------------------------------------- keywords
+#: NumPy keyword -> the PyTorch name ctensor uses
+NUMPY_KEYWORDS = {"axis": "dim", "axes": "dims", "keepdims": "keepdim", "newshape": "shape",
+                  "ddof": "correction", "ord": "p", "axis1": "dim0", "axis2": "dim1",
+                  "indices": "index", "a": "input", "reps": "sizes", "kind": "stable"}
+
+
+def unexpected_keyword(opname: str, keyword: str, front: Callable) -> TypeError:
+    """The ``TypeError`` for a keyword ``front`` does not take, naming the PyTorch
+    spelling when the keyword is NumPy's (``axis`` -> ``dim``)."""
+    params = list(inspect.signature(front).parameters.values())
+    if params and params[0].name == "op":
+        params = params[1:]
+    head = f"{opname}: got an unexpected keyword argument '{keyword}'"
+    torch_name = NUMPY_KEYWORDS.get(keyword)
+    for p in params:
+        if p.name != torch_name:
+            continue
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            return TypeError(f"{head}; ctensor follows PyTorch: pass {torch_name} "
+                             f"positionally, e.g. x.{opname}(2, 3)")
+        return TypeError(f"{head}; ctensor follows PyTorch: use {torch_name}=")
+    names = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                  inspect.Parameter.KEYWORD_ONLY)]
+    return TypeError(f"{head}; accepted keywords: {', '.join(names) or 'none'}")
+
+
+def pytorch_keywords(opname: str, front: Callable) -> Callable:
+    """``front`` with its keyword arguments checked before the call: an unknown one raises
+    :func:`unexpected_keyword`'s message instead of Python's generic one."""
+    params = inspect.signature(front).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return front
+    accepted = frozenset(n for n, p in params.items()
+                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                       inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(front)
+    def checked(*args, **kwargs):
+        if kwargs and not accepted.issuperset(kwargs):
+            bad = next(k for k in kwargs if k not in accepted)
+            raise unexpected_keyword(opname, bad, front)
+        return front(*args, **kwargs)
+    return checked
+
+
+def defop(name: Optional[str] = None, **declaration) -> Callable:
+    """:func:`ctensor.dispatch.defop` for the op families: the same declaration, with the
+    front's keywords checked by :func:`pytorch_keywords` (``x.mean(axis=1)`` says "use
+    dim=")."""
+    def wrap(front: Callable) -> Callable:
+        return dispatch.defop(name, **declaration)(
+            pytorch_keywords(name or front.__name__, front))
+    return wrap
+
+
+__all__ = ["defop", "pytorch_keywords", "unexpected_keyword", "ValuesIndices", "B", "P",
+           "PMAX", "PMIN", "S", "Signature", "sig", "broadcast_shapes", "norm_dim",
            "elementwise_signatures", "result_dtype", "transposed_signatures",
            "row_stats_comm", "reduced", "split_along"]

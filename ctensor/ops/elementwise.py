@@ -20,10 +20,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..registry import OPS
 from ..runtime import get_default_dtype
-from ._rules import B, P, broadcast_shapes, elementwise_signatures, result_dtype
+from ._rules import B, P, broadcast_shapes, defop, elementwise_signatures, result_dtype
 
 
 # ----------------------------------------------------------------------------- helpers

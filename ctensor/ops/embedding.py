@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import defop
-from ._rules import B, P, S, sig, transposed_signatures
+from ._rules import B, P, S, defop, sig, transposed_signatures
 
 __all__ = ["embedding", "index_add", "check_int"]
 

@@ -21,9 +21,9 @@ from typing import Sequence
 import numpy as np
 
 from .._args import int_args
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..tensor import Tensor
-from ._rules import B, P, S, norm_dim, result_dtype, sig
+from ._rules import B, P, S, defop, norm_dim, result_dtype, sig
 from .shape import partial_signatures, unsqueeze
 
 _NEW, _INT, _ALL, _SLICE = "new", "int", "all", "slice"

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, broadcast_shapes, result_dtype, sig
+from ._rules import B, P, S, broadcast_shapes, defop, result_dtype, sig
 from .elementwise import sum_to
 from .reduction import unreduce
 

@@ -22,9 +22,9 @@
 """
 from __future__ import annotations
 
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, reduced, row_stats_comm, sig, transposed_signatures
+from ._rules import B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures
 from .embedding import check_int
 
 __all__ = ["pick", "softmax_cross_entropy"]

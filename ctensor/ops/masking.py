@@ -13,8 +13,8 @@ holds (``ctx.in_box``), so every split of every dim stays local:
 from __future__ import annotations
 
 from .._args import int_args
-from ..dispatch import as_tensor, defop
-from ._rules import B, P, S, sig
+from ..dispatch import as_tensor
+from ._rules import B, P, S, defop, sig
 from .shape import partial_signatures
 
 

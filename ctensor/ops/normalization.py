@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, reduced, row_stats_comm, sig
+from ._rules import B, P, S, defop, reduced, row_stats_comm, sig
 from .softmax import float_meta
 
 

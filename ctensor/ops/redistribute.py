@@ -5,7 +5,8 @@
   the boxed shard. Its backward boxes the gradient to the *dual* of the input's SBP on the
   input's placement: B <-> P(sum), S(d) stays S(d) (a replicated input's gradient is the
   sum of what each replica contributed; a partial input's gradient is the same everywhere).
-* ``clone`` copies every shard (any SBP passes through); ``to(dtype)`` casts each shard —
+* ``clone`` copies every shard (any SBP passes through); ``to(dtype)`` (and ``float``,
+  ``double``, ``half``, ``long``, ``int``, ``bool``, ``type_as``) casts each shard —
   a cast commutes with a partial sum only into a floating dtype (P -> P then), never with
   P(max)/P(min) in general, so those inputs are reduced first.
 * ``copy_`` writes into an existing tensor's shards (it is in place, so it is not an op of
@@ -17,15 +18,16 @@ import numpy as np
 
 from .. import autograd
 from ..creation import full
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
+from ..dtypes import to_dtype
 from ..layout import Layout
 from ..placement import Placement
 from ..runtime import world
 from ..sbp import dual, normalize_sbp
 from ..tensor import Tensor
-from ._rules import B, P, PMAX, PMIN, S, sig
+from ._rules import B, P, PMAX, PMIN, S, defop, sig
 
-__all__ = ["to_global", "clone", "to", "copy_"]
+__all__ = ["to_global", "clone", "to", "half", "long", "int_", "bool_", "type_as", "copy_"]
 
 
 # ----------------------------------------------------------------------------- to_global
@@ -88,10 +90,13 @@ def _cast_signatures(layouts, dtype):
        meta=lambda layouts, dtype: [(layouts[0].shape, np.dtype(dtype))],
        backward=lambda ctx, g: (to(g, ctx.in_layouts[0].dtype),), method=True)
 def to(op, x, dtype):
-    """Cast to ``dtype`` (differentiable between floating dtypes); ``x`` itself when the
-    dtype already matches."""
+    """Cast to ``dtype`` (``ct.float32``, ``ct.int64``, a NumPy dtype; differentiable
+    between floating dtypes); ``x`` itself when the dtype already matches.
+
+    >>> x.to(ct.float16)
+    """
     (x,) = as_tensor([x], "to")
-    dtype = np.dtype(dtype)
+    dtype = to_dtype("to", "dtype", dtype)
     if dtype == x.dtype:
         return x
     return op(x, dtype=dtype)
@@ -107,6 +112,46 @@ def float_(x):
 def double(x):
     """Cast to float64."""
     return to(x, np.float64)
+
+
+@defop(method=True)
+def half(x):
+    """Cast to float16.
+
+    >>> x.half().dtype           # float16
+    """
+    return to(x, np.float16)
+
+
+@defop(method=True)
+def long(x):
+    """Cast to int64 (not differentiable)."""
+    return to(x, np.int64)
+
+
+@defop("int", method=True)
+def int_(x):
+    """Cast to int32 (not differentiable)."""
+    return to(x, np.int32)
+
+
+@defop("bool", method=True)
+def bool_(x):
+    """Cast to bool (non-zero is True). ``ct.bool`` is the dtype; the cast is ``x.bool()``
+    (or ``x.to(ct.bool)``)."""
+    return to(x, np.bool_)
+
+
+@defop(method=True)
+def type_as(x, other):
+    """``x`` cast to ``other``'s dtype.
+
+    >>> ids.type_as(logits)
+    """
+    if not isinstance(other, Tensor):
+        raise TypeError(f"type_as: argument 'other' must be a ct.Tensor, got "
+                        f"{type(other).__name__}")
+    return to(x, other.dtype)
 
 
 # ----------------------------------------------------------------------------- copy_

@@ -1,4 +1,5 @@
-"""Reductions: sum, mean, amax/amin (and max/min), argmax/argmin.
+"""Reductions: sum, mean, prod, amax/amin (and max/min), argmax/argmin; var, std and norm
+written with them.
 
 Signatures (1-D) for a reduction over dims D:
 
@@ -10,20 +11,24 @@ Signatures (1-D) for a reduction over dims D:
 * P -> P for sum/mean (linear), P(max) -> P(max) for amax (max of maxes), P(min) likewise.
 
 argmax/argmin need the values and positions together, so they accept B and S(e), e != d;
-a split along the reduced dim is boxed first.
+a split along the reduced dim is boxed first. ``prod`` has no partial-product SBP either:
+B -> B and S(e), e not in D, only. ``max(dim)``/``min(dim)`` are argmax/argmin and a
+``gather`` of the values at those indices, so the gradient goes to the returned index
+(PyTorch's rule), while ``amax``/``amin`` share it evenly among ties. max, min, amax, amin,
+argmax and argmin of an empty selection raise ``ValueError`` before any communication.
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
 
-from ..dispatch import defop
 from ..registry import OPS
-from ..runtime import get_default_dtype
+from ..dtypes import reduction_dtype
 from ..sbp import ReduceOp
 from ..tensor import Tensor
-from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
+from ._rules import B, P, PMAX, PMIN, S, ValuesIndices, defop, norm_dim, reduced, sig
 
 
 def _dims(opname: str, dim, ndim: int) -> tuple:
@@ -64,18 +69,27 @@ def _reduce_signatures(partial_out, partial_in):
     return signatures
 
 
-def _reduce_meta(kind):
+def _reduce_meta(opname: str):
     def meta(layouts, dims, keepdim, **_):
         (x,) = layouts
-        dtype = x.dtype
-        if kind == "mean" and dtype.kind not in "fc":
-            dtype = get_default_dtype()
-        elif kind == "sum" and dtype.kind == "b":
-            dtype = np.dtype(np.int64)
-        elif kind == "index":
-            dtype = np.dtype(np.int64)
-        return [(_out_shape(x.shape, dims, keepdim), dtype)]
+        return [(_out_shape(x.shape, dims, keepdim), reduction_dtype(opname, x.dtype))]
     return meta
+
+
+def _check_nonempty(opname: str, x, dims: tuple) -> None:
+    """``ValueError`` when a reduction without an identity (max, argmax, ...) would reduce
+    an empty dim: raised before any communication, as PyTorch does."""
+    empty = [d for d in dims if x.shape[d] == 0]
+    if empty:
+        raise ValueError(f"{opname}: cannot reduce dim {empty[0]} of size 0 (input shape "
+                         f"{tuple(x.shape)}): an empty selection has no {opname}; accepted: "
+                         f"reduced dims of non-zero size (pass dim= to reduce a non-empty "
+                         f"dim; sum, mean and prod of empty tensors are defined)")
+
+
+def _acc_dtype(dtype):
+    """The accumulation dtype of sums and products: int64 for bool/integer inputs."""
+    return np.int64 if dtype.kind in "biu" else None
 
 
 # ----------------------------------------------------------------------------- expand back
@@ -112,13 +126,18 @@ def _check(opname, x):
 
 
 # ----------------------------------------------------------------------------- sum / mean
-@defop("sum", kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim),
+@defop("sum", kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim,
+                                                         dtype=_acc_dtype(x.dtype)),
        meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P),
        backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
                                          ctx.inputs[0].shape),),
        method=True)
 def sum_(op, x, dim=None, keepdim: bool = False):
-    """Sum over ``dim`` (an int, a tuple, or None for all dims)."""
+    """Sum over ``dim`` (an int, a tuple, or None for all dims); bool and integer tensors
+    sum in int64 (PyTorch's promotion: no wrap-around).
+
+    >>> x.sum(); x.sum(0); ct.sum(x, (0, 2), keepdim=True)
+    """
     _check("sum", x)
     return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
 
@@ -131,7 +150,7 @@ sum_.op.grad_kernel(
 
 
 def _mean_kernel(xp, x, dims, keepdim, count):
-    out = xp.sum(x, axis=dims, keepdims=keepdim)
+    out = xp.sum(x, axis=dims, keepdims=keepdim, dtype=_acc_dtype(x.dtype))
     return out / count if count else out * np.nan
 
 
@@ -140,7 +159,11 @@ def _mean_kernel(xp, x, dims, keepdim, count):
                                          ctx.attrs["keepdim"], ctx.inputs[0].shape),),
        method=True)
 def mean(op, x, dim=None, keepdim: bool = False):
-    """Mean over ``dim`` (an int, a tuple, or None for all dims)."""
+    """Mean over ``dim`` (an int, a tuple, or None for all dims). Bool and integer tensors
+    give the default float dtype (PyTorch raises there); an empty selection gives nan.
+
+    >>> x.mean(); x.mean(-1, keepdim=True)
+    """
     _check("mean", x)
     dims = _dims("mean", dim, x.ndim)
     count = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
@@ -165,20 +188,31 @@ def _extreme_kernel(fn: str, reduce_op: ReduceOp):
     return kernel
 
 
-@defop(kernel=_extreme_kernel("max", ReduceOp.MAX), meta=_reduce_meta("same"),
+@defop(kernel=_extreme_kernel("max", ReduceOp.MAX), meta=_reduce_meta("amax"),
        signatures=_reduce_signatures(PMAX, PMAX), backward=_extreme_bw, method=True)
 def amax(op, x, dim=None, keepdim: bool = False):
-    """Largest value over ``dim`` (int, tuple or None); ties share the gradient."""
+    """Largest value over ``dim`` (int, tuple or None); ties share the gradient evenly
+    (PyTorch's amax rule). ``ValueError`` for an empty reduced dim.
+
+    >>> ct.amax(x, 0); x.amax((0, 1), keepdim=True)
+    """
     _check("amax", x)
-    return op(x, dims=_dims("amax", dim, x.ndim), keepdim=bool(keepdim))
+    dims = _dims("amax", dim, x.ndim)
+    _check_nonempty("amax", x, dims)
+    return op(x, dims=dims, keepdim=bool(keepdim))
 
 
-@defop(kernel=_extreme_kernel("min", ReduceOp.MIN), meta=_reduce_meta("same"),
+@defop(kernel=_extreme_kernel("min", ReduceOp.MIN), meta=_reduce_meta("amin"),
        signatures=_reduce_signatures(PMIN, PMIN), backward=_extreme_bw, method=True)
 def amin(op, x, dim=None, keepdim: bool = False):
-    """Smallest value over ``dim`` (int, tuple or None); ties share the gradient."""
+    """Smallest value over ``dim`` (int, tuple or None); ties share the gradient evenly.
+
+    >>> ct.amin(x, 1, keepdim=True)
+    """
     _check("amin", x)
-    return op(x, dims=_dims("amin", dim, x.ndim), keepdim=bool(keepdim))
+    dims = _dims("amin", dim, x.ndim)
+    _check_nonempty("amin", x, dims)
+    return op(x, dims=dims, keepdim=bool(keepdim))
 
 
 def _arg_signatures(layouts, dims, keepdim, **_):
@@ -198,32 +232,203 @@ def _arg_kernel(fn):
     return kernel
 
 
-@defop(kernel=_arg_kernel("argmax"), meta=_reduce_meta("index"), signatures=_arg_signatures,
+def _arg_front(opname: str, op, x, dim, keepdim):
+    _check(opname, x)
+    dims = _dims(opname, dim, x.ndim)
+    _check_nonempty(opname, x, dims)
+    return op(x, dims=dims, keepdim=bool(keepdim))
+
+
+@defop(kernel=_arg_kernel("argmax"), meta=_reduce_meta("argmax"), signatures=_arg_signatures,
        method=True)
 def argmax(op, x, dim: Optional[int] = None, keepdim: bool = False):
-    """Index of the largest value along ``dim`` (of the flattened tensor if None)."""
-    _check("argmax", x)
-    return op(x, dims=_dims("argmax", dim, x.ndim), keepdim=bool(keepdim))
+    """Index of the largest value along ``dim`` (of the flattened tensor if None); the
+    first one among ties.
+
+    >>> x.argmax(1); x.argmax()
+    """
+    return _arg_front("argmax", op, x, dim, keepdim)
 
 
-@defop(kernel=_arg_kernel("argmin"), meta=_reduce_meta("index"), signatures=_arg_signatures,
+@defop(kernel=_arg_kernel("argmin"), meta=_reduce_meta("argmin"), signatures=_arg_signatures,
        method=True)
 def argmin(op, x, dim: Optional[int] = None, keepdim: bool = False):
-    """Index of the smallest value along ``dim`` (of the flattened tensor if None)."""
-    _check("argmin", x)
-    return op(x, dims=_dims("argmin", dim, x.ndim), keepdim=bool(keepdim))
+    """Index of the smallest value along ``dim`` (of the flattened tensor if None).
+
+    >>> x.argmin(0, keepdim=True)
+    """
+    return _arg_front("argmin", op, x, dim, keepdim)
 
 
 def _max_or_min(name, extreme, arg):
     def front(x, dim=None, keepdim: bool = False):
         if dim is None:
+            _check(name, x)
+            _check_nonempty(name, x, tuple(range(x.ndim)))
             return extreme(x)
-        return extreme(x, dim, keepdim), arg(x, dim, keepdim)
+        _check(name, x)
+        d = norm_dim(name, dim, x.ndim)
+        _check_nonempty(name, x, (d,) if x.ndim else ())
+        indices = arg(x, d, keepdim=True)
+        values = OPS.gather(x, d, indices)  # the gradient goes to the returned index only
+        if not keepdim and x.ndim:
+            values, indices = OPS.squeeze(values, d), OPS.squeeze(indices, d)
+        return ValuesIndices(values, indices)
     front.__name__ = name
-    front.__doc__ = (f"``x.{name}()`` is the {name} of all elements; ``x.{name}(dim)`` "
-                     f"returns ``(values, indices)`` like PyTorch.")
+    front.__doc__ = (f"``x.{name}()`` is the {name} of all elements (ties share the "
+                     f"gradient, like amax); ``x.{name}(dim, keepdim=False)`` returns "
+                     f"``(values, indices)`` like PyTorch, the values gathered at the "
+                     f"returned indices (so the gradient goes to that index only).\n\n"
+                     f"    >>> values, indices = x.{name}(1)")
     return defop(name, method=True)(front)
 
 
 max_ = _max_or_min("max", amax, argmax)
 min_ = _max_or_min("min", amin, argmin)
+
+
+# ----------------------------------------------------------------------------- prod
+def _prod_kernel(xp, x, dims, keepdim):
+    return xp.prod(x, axis=dims, keepdims=keepdim, dtype=_acc_dtype(x.dtype))
+
+
+def _others_product(xp, x, dims: tuple):
+    """For every element, the product of the *other* elements of its reduced slice, from
+    exclusive prefix and suffix products (no division, so zeros are exact)."""
+    rest = [d for d in range(x.ndim) if d not in dims]
+    order = rest + list(dims)
+    moved = xp.transpose(x, order)
+    size = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
+    if size == 0:
+        return xp.zeros(x.shape, dtype=x.dtype)
+    flat = moved.reshape(moved.shape[:len(rest)] + (size,))
+    one = xp.ones(flat.shape[:-1] + (1,), dtype=x.dtype)
+    before = xp.cumprod(xp.concatenate([one, flat[..., :-1]], axis=-1), axis=-1)
+    after = xp.flip(xp.cumprod(xp.flip(xp.concatenate([flat[..., 1:], one], axis=-1),
+                                       axis=-1), axis=-1), axis=-1)
+    others = (before * after).reshape(moved.shape)
+    inverse = [0] * x.ndim
+    for j, d in enumerate(order):
+        inverse[d] = j
+    return xp.transpose(others, inverse)
+
+
+def _prod_grad_kernel(xp, g, x, dims, keepdim):
+    if not keepdim and dims:
+        g = xp.expand_dims(g, dims)
+    return g * _others_product(xp, x, dims)
+
+
+def _prod_grad_signatures(layouts, dims, keepdim):
+    g, x = layouts
+    cands = [sig([B, B], B)]
+    cands += [sig([S(_shift(e, dims, keepdim)), S(e)], S(e))
+              for e in range(x.ndim) if e not in dims]
+    return cands + [sig([P, B], P)]  # linear in the incoming gradient
+
+
+@defop(kernel=_prod_kernel, meta=_reduce_meta("prod"), signatures=_reduce_signatures(None, None),
+       backward=lambda ctx, g: (ctx.op.grads["grad"](g, ctx.inputs[0], **ctx.attrs),),
+       method=True)
+def prod(op, x, dim=None, keepdim: bool = False):
+    """Product over ``dim`` (an int, a tuple, or None for all dims); bool and integer
+    tensors multiply in int64; the product of an empty selection is 1.
+
+    A split along a reduced dim is gathered first (there is no partial-product SBP); splits
+    of other dims stay local. The gradient of each element is the product of the others,
+    from exclusive prefix and suffix products (``prod.grad``), exact with zeros present.
+
+    >>> x.prod(1); ct.prod(x)
+    """
+    _check("prod", x)
+    return op(x, dims=_dims("prod", dim, x.ndim), keepdim=bool(keepdim))
+
+
+prod.op.grad_kernel(
+    "grad", _prod_grad_kernel, signatures=_prod_grad_signatures,
+    meta=lambda layouts, dims, keepdim: [(tuple(layouts[1].shape), layouts[0].dtype)])
+
+
+# ----------------------------------------------------------------------------- var / std / norm
+def _float_input(opname: str, x):
+    """``x`` cast to the dtype ``opname`` computes in (the default float for integers)."""
+    _check(opname, x)
+    if x.dtype.kind == "c":
+        raise TypeError(f"{opname}: complex tensors are not supported, got {x.dtype}")
+    return OPS.to(x, reduction_dtype(opname, x.dtype))
+
+
+def _variance(opname: str, x, dim, correction, keepdim, unbiased):
+    x = _float_input(opname, x)
+    dims = _dims(opname, dim, x.ndim)
+    if unbiased is not None:  # PyTorch's older spelling: unbiased=False is correction=0
+        if correction != 1:
+            raise TypeError(f"{opname}: give 'correction' or 'unbiased', not both")
+        correction = 1 if unbiased else 0
+    if isinstance(correction, bool) or not isinstance(correction, (int, float, np.number)):
+        raise TypeError(f"{opname}: argument 'correction' must be a number, got "
+                        f"{correction!r}")
+    count = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
+    # the mean is made whole (an all-reduce of one value per row when dims are split)
+    # before it meets x, so a split x stays split and the sum below is a partial sum
+    centred = x - reduced(mean(x, dims, keepdim=True))
+    squares = sum_(centred * centred, dims, keepdim=bool(keepdim))
+    return squares / max(count - correction, 0)
+
+
+@defop(method=True)
+def var(x, dim=None, *, correction=1, keepdim: bool = False,
+        unbiased: Optional[bool] = None):
+    """Variance over ``dim`` (int, tuple or None for all), ``sum((x - mean)^2) / (N -
+    correction)``; ``correction=1`` (the default) is PyTorch's unbiased estimate, 0 the
+    population variance (``unbiased=False``, PyTorch's older spelling, is correction 0).
+    Integer tensors give the default float dtype.
+
+    Written with mean and sum: a split along a reduced dim moves only row statistics (one
+    all-reduce for the mean, a partial sum for the squares), never the tensor.
+
+    >>> x.var(); x.var(1, keepdim=True); ct.var(x, (0, 1), correction=0)
+    """
+    return _variance("var", x, dim, correction, keepdim, unbiased)
+
+
+@defop(method=True)
+def std(x, dim=None, *, correction=1, keepdim: bool = False,
+        unbiased: Optional[bool] = None):
+    """Standard deviation, ``sqrt(var(x, dim, correction=correction))``.
+
+    >>> x.std(0)
+    """
+    return OPS.sqrt(_variance("std", x, dim, correction, keepdim, unbiased))
+
+
+@defop(method=True)
+def norm(x, p=2, dim=None, keepdim: bool = False):
+    """Vector ``p``-norm over ``dim`` (int, tuple, or None for all dims: with ``p=2`` the
+    Frobenius norm): ``p=2`` (default, also ``"fro"``) ``sqrt(sum(x^2))``, ``1`` sum of
+    absolute values, ``inf`` / ``-inf`` largest / smallest absolute value, ``0`` the count
+    of non-zeros (no gradient), other floats ``sum(|x|^p)^(1/p)``. Written with sum / amax,
+    so a split along a reduced dim gives partial sums, never a gather.
+
+    >>> x.norm(); x.norm(1, dim=-1); ct.norm(x, float("inf"), dim=(0, 1))
+    """
+    x = _float_input("norm", x)
+    if p == "fro":
+        p = 2
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.number)):
+        raise ValueError(f"norm: argument 'p' is {p!r}; accepted: a number (2, 1, inf, "
+                         f"-inf, 0 or any float) or 'fro'")
+    p = float(p)
+    dims = _dims("norm", dim, x.ndim)
+    keepdim = bool(keepdim)
+    if p == 2:
+        return OPS.sqrt(sum_(x * x, dims, keepdim))
+    if p == math.inf:
+        return amax(OPS.abs(x), dims, keepdim)
+    if p == -math.inf:
+        return amin(OPS.abs(x), dims, keepdim)
+    if p == 0:
+        return OPS.to(sum_(x != 0, dims, keepdim), x.dtype)
+    if p == 1:
+        return sum_(OPS.abs(x), dims, keepdim)
+    return sum_(OPS.abs(x) ** p, dims, keepdim) ** (1.0 / p)

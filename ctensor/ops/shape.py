@@ -1,5 +1,5 @@
-"""Shape ops: reshape / view / flatten / unsqueeze / squeeze, permute / transpose, expand /
-broadcast_to, contiguous.
+"""Shape ops: reshape / view / flatten / unsqueeze / squeeze, permute / transpose / t, flip,
+repeat, expand / broadcast_to, contiguous.
 
 None of these mixes values across elements, so B -> B and P -> P always hold (P(max) and
 P(min) as well for the pure data movements: moving each rank's array the same way commutes
@@ -15,6 +15,8 @@ with the elementwise reduction over ranks). Splits (1-D, per mesh axis):
   The kernel then is a plain local reshape to the output shard's shape.
 * ``permute``: S(d) -> S(j) where ``dims[j] == d``; a local transpose.
 * ``expand``: S(d) -> S(d + new leading dims) for dims that keep their size.
+* ``flip``: S(d) -> S(d) for dims not flipped; ``repeat``: S(d) -> S(d + new leading dims)
+  for dims repeated once (a flipped or repeated split dim is gathered first).
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ import math
 from typing import Optional
 
 from .._args import int_args, unpack_sizes
-from ..dispatch import as_tensor, defop
-from ._rules import B, P, PMAX, PMIN, S, norm_dim, sig
+from ..dispatch import as_tensor
+from ..registry import OPS
+from ._rules import B, P, PMAX, PMIN, S, defop, norm_dim, sig
 from .elementwise import sum_to
 
 _PARTIALS = (P, PMAX, PMIN)
@@ -264,9 +267,108 @@ def transpose(x, dim0: int, dim1: int):
 
 
 @defop(method=True)
+def t(x):
+    """The transpose of a 2-D tensor; 0-D and 1-D tensors come back unchanged (PyTorch's
+    ``t()``). A split moves with its dim.
+
+    >>> w.t()                    # (3, 4) -> (4, 3)
+    """
+    x = _one("t", x)
+    if x.ndim > 2:
+        raise ValueError(f"t: the input has {x.ndim} dims (shape {tuple(x.shape)}); "
+                         f"accepted: tensors with at most 2 dims (use transpose(dim0, dim1) "
+                         f"or permute for more)")
+    return x if x.ndim < 2 else _permute("t", x, (1, 0))
+
+
+@defop(method=True)
 def contiguous(x):
     """``x`` itself: shards are always usable as they are (kept for PyTorch code)."""
     return x
+
+
+# ----------------------------------------------------------------------------- flip
+def _flip_signatures(layouts, dims):
+    (x,) = layouts
+    cands = [sig([B], B)] + [sig([S(d)], S(d)) for d in range(x.ndim) if d not in dims]
+    return cands + partial_signatures(layouts)
+
+
+@defop(kernel=lambda xp, x, dims: xp.flip(x, axis=dims),
+       meta=lambda layouts, dims: [(tuple(layouts[0].shape), layouts[0].dtype)],
+       signatures=_flip_signatures,
+       backward=lambda ctx, g: (flip.op(g, dims=ctx.attrs["dims"]),), method=True)
+def flip(op, x, dims):
+    """Reverse the order of elements along ``dims`` (an int or a tuple). Splits of other
+    dims stay local; a split of a flipped dim is gathered first (part ``r`` of the result
+    is the mirror of another rank's part).
+
+    >>> x.flip(0); ct.flip(x, (0, 1))
+    """
+    x = _one("flip", x)
+    named = dims if isinstance(dims, (tuple, list)) else (dims,)
+    norm = tuple(sorted({norm_dim("flip", d, x.ndim, "dims") for d in named}))
+    if len(norm) != len(named):
+        raise ValueError(f"flip: argument 'dims' {dims} names a dim twice; accepted: "
+                         f"distinct dims")
+    if x.ndim == 0 or not norm:
+        return x
+    return op(x, dims=norm)
+
+
+# ----------------------------------------------------------------------------- repeat
+def _repeat_shape(shape: tuple, sizes: tuple) -> tuple:
+    lead = len(sizes) - len(shape)
+    return tuple(sizes[:lead]) + tuple(n * r for n, r in zip(shape, sizes[lead:]))
+
+
+def _repeat_signatures(layouts, sizes):
+    (x,) = layouts
+    lead = len(sizes) - x.ndim
+    # a repeated dim holds whole copies one after another: a shard of the input is not a
+    # part of the output under the uneven-split rule, so only dims repeated once keep splits
+    cands = [sig([B], B)] + [sig([S(d)], S(d + lead)) for d in range(x.ndim)
+                             if sizes[lead + d] == 1]
+    return cands + partial_signatures(layouts)
+
+
+def _repeat_backward(ctx, g):
+    """Each input element's gradient is the sum over its copies: view the gradient as
+    ``(copies, n)`` per repeated dim and sum over the copies."""
+    (x,), sizes = ctx.inputs, ctx.attrs["sizes"]
+    lead = len(sizes) - x.ndim
+    shape, copies = list(sizes[:lead]), list(range(lead))
+    for n, r in zip(x.shape, sizes[lead:]):
+        if r != 1:
+            copies.append(len(shape))
+            shape.append(r)
+        shape.append(n)
+    g = _reshape("repeat", g, tuple(shape))
+    return (OPS.sum(g, dim=tuple(copies)) if copies else g,)
+
+
+@defop(kernel=lambda xp, x, sizes: xp.tile(x, sizes),
+       meta=lambda layouts, sizes: [(_repeat_shape(layouts[0].shape, sizes),
+                                     layouts[0].dtype)],
+       signatures=_repeat_signatures, backward=_repeat_backward, method=True)
+def repeat(op, x, *sizes):
+    """Tile ``x``: dim ``d`` repeated ``sizes[d]`` times, extra leading ``sizes`` adding
+    new dims (PyTorch's ``repeat``, NumPy's ``tile``; not ``numpy.repeat``).
+
+    >>> x.repeat(2, 1)           # (3, 4) -> (6, 4): the rows twice, one after the other
+    >>> x.repeat(2, 1, 1)        # (3, 4) -> (2, 3, 4)
+    """
+    x = _one("repeat", x)
+    sizes = _size_args("repeat", "sizes", sizes)
+    if len(sizes) < x.ndim:
+        raise ValueError(f"repeat: argument 'sizes' {sizes} has {len(sizes)} entries but the "
+                         f"tensor has {x.ndim} dims; accepted: at least {x.ndim} sizes")
+    if any(r < 0 for r in sizes):
+        raise ValueError(f"repeat: argument 'sizes' {sizes} has a negative entry; "
+                         f"accepted: sizes >= 0")
+    if len(sizes) == x.ndim and all(r == 1 for r in sizes):
+        return x
+    return op(x, sizes=sizes)
 
 
 # ----------------------------------------------------------------------------- expand

@@ -11,9 +11,9 @@ One op, ``softmax`` (attribute ``log``), with two ways to run, chosen by cost pe
 """
 from __future__ import annotations
 
-from ..dispatch import as_tensor, defop
+from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, norm_dim, reduced, row_stats_comm, sig
+from ._rules import B, P, S, defop, norm_dim, reduced, row_stats_comm, sig
 
 
 def _kernel(xp, x, dim, log):

@@ -8,6 +8,36 @@ def _distinct(rng, shape, i):
     return rng.permutation(int(np.prod(shape))).reshape(shape) / 7.0 - 1.0
 
 
+def _with_zeros(rng, shape, i):
+    """Normals with exact zeros: one in the first row, two in the last (prod's gradient
+    without division must be exact there)."""
+    x = rng.standard_normal(shape)
+    flat = x.reshape(-1, x.shape[-1]) if x.ndim > 1 else x.reshape(1, -1)
+    flat[0, 0] = 0.0
+    flat[-1, :2] = 0.0
+    return x
+
+
+def _distinct_abs(rng, shape, i):
+    """Distinct absolute values with both signs (no ties for amax(abs))."""
+    n = int(np.prod(shape))
+    return ((rng.permutation(n) + 1.0) * rng.choice([-1.0, 1.0], n)).reshape(shape) / n
+
+
+def _others_product(x, axis):
+    """d prod(x, axis) / dx by brute force: the product with x[idx] replaced by 1."""
+    out = np.zeros_like(x)
+    for idx in np.ndindex(x.shape):
+        y = x.copy()
+        y[idx] = 1.0
+        out[idx] = np.prod(y, axis=axis)[idx[:axis] + idx[axis + 1:]]
+    return out
+
+
+def _prod_grad_inputs(rng, shape, i):
+    return rng.standard_normal(shape) if i == 0 else _with_zeros(rng, shape, i)
+
+
 SAMPLES = [
     Sample("sum", lambda a: a.sum(), np.sum, [(4, 3)]),
     Sample("sum", lambda a: a.sum(0), lambda a: a.sum(0), [(4, 3)], name="sum_dim0"),
@@ -32,6 +62,38 @@ SAMPLES = [
            grad=(), name="argmax_flat"),
     Sample("argmin", lambda a: a.argmin(0, keepdim=True), lambda a: a.argmin(0, keepdims=True),
            [(4, 3)], make=_distinct, grad=()),
+    Sample("min", lambda a: a.min(1, keepdim=True).indices, lambda a: a.argmin(1, keepdims=True),
+           [(4, 3)], make=lambda r, s, i: r.integers(0, 2, s).astype(float), grad=(),
+           name="min_dim_ties_indices"),
+    Sample("max", lambda a: a.max(0).values, lambda a: a.max(0), [(4, 3)],
+           make=lambda r, s, i: r.integers(0, 2, s).astype(float), grad=(),
+           name="max_dim_ties_values"),
+    # prod: exact zeros in the inputs, and its gradient kernel on every layout
+    Sample("prod", lambda a: a.prod(1), lambda a: a.prod(1), [(4, 3)], make=_with_zeros),
+    Sample("prod", lambda a: ct.prod(a), np.prod, [(2, 3)], make=_with_zeros,
+           name="prod_all"),
+    Sample("prod", lambda a: a.prod(0, keepdim=True), lambda a: a.prod(0, keepdims=True),
+           [(4, 3)], make=lambda r, s, i: r.integers(-3, 4, s).astype(np.int32), grad=(),
+           name="prod_int"),
+    Sample("prod.grad", lambda g, x: ct.prod.op.grads["grad"](g, x, dims=(1,), keepdim=False),
+           lambda g, x: g[:, None] * _others_product(x, 1), [(4,), (4, 3)],
+           uneven=[(7,), (7, 5)], make=_prod_grad_inputs, grad=()),
+    # var / std / norm: composites of sum, mean and amax
+    Sample("var", lambda a: a.var(), lambda a: a.var(ddof=1), [(4, 3)]),
+    Sample("var", lambda a: a.var(1, keepdim=True), lambda a: a.var(1, ddof=1, keepdims=True),
+           [(4, 3)], name="var_dim_keepdim"),
+    Sample("var", lambda a: ct.var(a, (0, 2), correction=0), lambda a: a.var((0, 2)),
+           [(4, 3, 2)], name="var_dims_population"),
+    Sample("std", lambda a: a.std(0), lambda a: a.std(0, ddof=1), [(4, 3)]),
+    Sample("norm", lambda a: a.norm(), np.linalg.norm, [(4, 3)]),
+    Sample("norm", lambda a: a.norm(1, dim=1), lambda a: np.abs(a).sum(1), [(4, 3)],
+           make=_distinct_abs, name="norm_p1"),
+    Sample("norm", lambda a: ct.norm(a, float("inf"), dim=0, keepdim=True),
+           lambda a: np.abs(a).max(0, keepdims=True), [(4, 3)], make=_distinct_abs,
+           name="norm_inf"),
+    Sample("norm", lambda a: a.norm(3, dim=(0, 1)),
+           lambda a: (np.abs(a) ** 3).sum((0, 1)) ** (1 / 3), [(4, 3, 2)],
+           make=_distinct_abs, name="norm_p3"),
 ]
 
 COVERED_ELSEWHERE = {

@@ -1,0 +1,191 @@
+"""What a user coming from PyTorch reaches for: the names, their PyTorch semantics where
+NumPy's differ, PyTorch's gradient rules (max(dim) ties, prod with zeros), errors that say
+the PyTorch spelling of a NumPy keyword, and empty reductions refused before any
+communication. Values and gradients of every op on every layout are in tests/test_ops.py."""
+import numpy as np
+import pytest
+
+import ctensor as ct
+
+S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
+
+
+def _t(arr, mesh, sbp=None, grad=False):
+    sbp = (B,) * mesh.ndim if sbp is None else sbp
+    return ct.tensor(np.asarray(arr, dtype=np.float64), placement=mesh, sbp=sbp,
+                     requires_grad=grad)
+
+
+# ----------------------------------------------------------------------------- max(dim) ties
+@pytest.mark.parametrize("split", [0, 1], ids=["rows_split", "reduced_dim_split"])
+def test_max_dim_sends_the_gradient_to_the_returned_index(mesh, split):
+    arr = [[0.0, 0.5, 0.5, 0.1], [2.0, 2.0, 2.0, 1.0]]
+    x = _t(arr, mesh, (S(split),) * mesh.ndim, grad=True)
+    values, indices = x.max(1)
+    assert indices.numpy().tolist() == [1, 0]
+    np.testing.assert_array_equal(values.numpy(), [0.5, 2.0])
+    values.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 1, 0, 0], [1, 0, 0, 0]])
+    assert x.grad.sbp == x.sbp
+
+
+def test_min_dim_keepdim_and_amax_share_ties(mesh):
+    arr = [[0.5, 0.0, 0.0], [1.0, 3.0, 1.0]]
+    x = _t(arr, mesh, (S(0),) * mesh.ndim, grad=True)
+    out = x.min(1, keepdim=True)
+    assert out.values.shape == (2, 1) and out.indices.numpy().tolist() == [[1], [0]]
+    out.values.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 1, 0], [1, 0, 0]])
+    y = _t(arr, mesh, (S(1),) * mesh.ndim, grad=True)
+    ct.amin(y, 1).sum().backward()                      # amax/amin: ties share evenly
+    np.testing.assert_array_equal(y.grad.numpy(), [[0, 0.5, 0.5], [0.5, 0, 0.5]])
+    z = _t(arr, mesh, grad=True)
+    z.max().backward()                                  # max() of everything: like amax
+    np.testing.assert_array_equal(z.grad.numpy(), [[0, 0, 0], [0, 1, 0]])
+
+
+# ----------------------------------------------------------------------------- empty
+EMPTY_REFUSED = [
+    ("max", lambda x: x.max()), ("min", lambda x: x.min(0)), ("amax", lambda x: ct.amax(x)),
+    ("amin", lambda x: x.amin(0)), ("argmax", lambda x: x.argmax()),
+    ("argmin", lambda x: x.argmin(0)),
+]
+
+
+@pytest.mark.parametrize("name, fn", EMPTY_REFUSED, ids=[n for n, _ in EMPTY_REFUSED])
+def test_empty_reductions_raise_before_communicating(mesh, name, fn):
+    x = ct.zeros(0, 5, placement=mesh, sbp=(S(1),) * mesh.ndim)
+    with ct.debug.comm_log() as log:
+        with pytest.raises(ValueError, match=rf"^{name}: cannot reduce dim 0 of size 0 "
+                                             rf"\(input shape \(0, 5\)\).*accepted"):
+            fn(x)
+    assert log.collectives() == []
+
+
+def test_empty_reductions_with_a_value_stay_valid(mesh):
+    x = ct.zeros(0, 5, placement=mesh, sbp=(S(1),) * mesh.ndim)
+    assert x.sum().item() == 0.0 and x.prod().item() == 1.0
+    assert np.isnan(x.mean().item())
+    assert x.max(1).values.shape == (0,) and x.argmax(1).shape == (0,)  # a non-empty dim
+    assert ct.amax(x, 1).shape == (0,)
+
+
+def test_topk_k_out_of_range(mesh):
+    x = _t(np.arange(10.0).reshape(2, 5), mesh)
+    with pytest.raises(ValueError, match=r"topk: argument 'k' is 6 .* accepted: 0\.\.5"):
+        x.topk(6)
+    with pytest.raises(ValueError, match="topk: argument 'k' is -1"):
+        x.topk(-1, dim=1)
+    with pytest.raises(TypeError, match="topk: argument 'k' must be an int"):
+        x.topk(2.0)
+    assert x.topk(0).values.shape == (2, 0)
+
+
+# ----------------------------------------------------------------------------- keywords
+NUMPY_KEYWORDS = [
+    (lambda x: x.mean(axis=1), "mean", "axis", "use dim="),
+    (lambda x: x.sum(axis=(0, 1)), "sum", "axis", "use dim="),
+    (lambda x: x.sum(0, keepdims=True), "sum", "keepdims", "use keepdim="),
+    (lambda x: x.max(axis=0), "max", "axis", "use dim="),
+    (lambda x: x.argmax(axis=0), "argmax", "axis", "use dim="),
+    (lambda x: x.reshape(newshape=(3, 2)), "reshape", "newshape",
+     "pass shape positionally"),
+    (lambda x: x.var(ddof=0), "var", "ddof", "use correction="),
+    (lambda x: x.norm(ord=1), "norm", "ord", "use p="),
+    (lambda x: x.transpose(axis1=0, axis2=1), "transpose", "axis1", "use dim0="),
+    (lambda x: ct.cat([x, x], axis=1), "cat", "axis", "use dim="),
+    (lambda x: ct.softmax(x, axis=1), "softmax", "axis", "use dim="),
+    (lambda x: x.cumsum(axis=0), "cumsum", "axis", "use dim="),
+    (lambda x: x.sort(axis=0), "sort", "axis", "use dim="),
+    (lambda x: x.flip(axis=0), "flip", "axis", "accepted keywords: x, dims"),
+    (lambda x: x.sum(dims=0), "sum", "dims", "accepted keywords: x, dim, keepdim"),
+]
+
+
+@pytest.mark.parametrize("fn, op, keyword, hint", NUMPY_KEYWORDS,
+                         ids=[f"{op}-{kw}" for _, op, kw, _ in NUMPY_KEYWORDS])
+def test_numpy_keywords_name_the_pytorch_spelling(fn, op, keyword, hint):
+    x = ct.ones(2, 3)
+    with pytest.raises(TypeError) as info:
+        fn(x)
+    message = str(info.value)
+    assert message.startswith(f"{op}: got an unexpected keyword argument '{keyword}'; ")
+    assert hint in message
+    if hint.startswith("use"):
+        assert "ctensor follows PyTorch" in message
+
+
+# ----------------------------------------------------------------------------- semantics
+def test_names_with_pytorch_semantics(mesh):
+    a = np.arange(6.0).reshape(2, 3)
+    x = _t(a, mesh, (S(0),) * mesh.ndim)
+    np.testing.assert_array_equal(x.repeat(2, 1).numpy(), np.tile(a, (2, 1)))  # not np.repeat
+    assert x.repeat(1, 1) is x
+    assert x.t().shape == (3, 2) and x.t().sbp == (S(1),) * mesh.ndim
+    v = _t([1.0, 2.0], mesh)
+    assert v.t() is v and _t(3.0, mesh).t().shape == ()
+    with pytest.raises(ValueError, match="t: the input has 3 dims"):
+        _t(np.zeros((2, 2, 2)), mesh).t()
+    out = x.sort(1, descending=True)
+    assert out.values.numpy().tolist() == [[2, 1, 0], [5, 4, 3]]
+    assert out.indices.dtype == np.int64 and out.indices.numpy().tolist() == [[2, 1, 0]] * 2
+    values, indices = x.topk(2, largest=False)
+    assert values.numpy().tolist() == [[0, 1], [3, 4]]
+    assert x.var(1).numpy().tolist() == [1.0, 1.0]                # unbiased by default
+    np.testing.assert_allclose(x.std(unbiased=False).item(), a.std())
+    np.testing.assert_allclose(x.norm().item(), np.linalg.norm(a))  # Frobenius
+    assert x.half().dtype == np.float16 and x.long().dtype == np.int64
+    assert x.int().dtype == np.int32 and x.bool().numpy().tolist() == [[False, True, True],
+                                                                        [True] * 3]
+    assert x.long().type_as(x).dtype == np.float64
+
+
+def test_prod_gradient_with_zeros(mesh):
+    arr = [[1.0, 0.0, 3.0], [0.0, 0.0, 2.0], [1.0, 2.0, 3.0]]
+    x = _t(arr, mesh, (S(0),) * mesh.ndim, grad=True)
+    x.prod(1).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[0, 3, 0], [0, 0, 0], [6, 3, 2]])
+    y = _t(arr[0], mesh, grad=True)
+    y.prod().backward()
+    np.testing.assert_array_equal(y.grad.numpy(), [0, 3, 0])
+
+
+def test_gather_gradient_accumulates_repeated_indices(mesh):
+    x = _t([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], mesh, (S(1),) * mesh.ndim, grad=True)
+    index = ct.tensor(np.array([[0, 0, 2, 0], [1, 1, 1, 2]]), placement=mesh)
+    out = x.gather(1, index)
+    np.testing.assert_array_equal(out.numpy(), [[1, 1, 3, 1], [5, 5, 5, 6]])
+    out.sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), [[3, 0, 1], [0, 3, 1]])
+    with pytest.raises(TypeError, match="gather: argument 'index' must be an integer"):
+        x.gather(1, x)
+    with pytest.raises(ValueError, match="gather: argument 'index' has 1 dims"):
+        x.gather(1, ct.tensor(np.array([0, 1]), placement=mesh))
+
+
+def test_einsum_split_contracted_label_is_partial_without_communication(mesh):
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((4, 6)), rng.standard_normal((6, 2))
+    x = _t(a, mesh, (S(1),) * mesh.ndim)
+    y = _t(b, mesh, (S(0),) * mesh.ndim)
+    rows, whole = _t(a, mesh, (S(0),) * mesh.ndim), _t(b, mesh)
+    with ct.debug.comm_log() as log:
+        out = ct.einsum("ij,jk->ik", x, y)
+        kept = ct.einsum("ij,jk->ki", rows, whole)
+    assert log.collectives() == []
+    assert out.sbp == (P,) * mesh.ndim
+    assert kept.sbp == (S(1),) * mesh.ndim
+    np.testing.assert_allclose(out.numpy(), a @ b)
+    np.testing.assert_allclose(kept.numpy(), (a @ b).T)
+    with pytest.raises(ValueError, match="einsum: equation 'ij,jk' names 2 operands but 1"):
+        ct.einsum("ij,jk", x)
+
+
+def test_cumsum_along_a_split_dim(mesh):
+    a = np.arange(1.0, 8.0)
+    x = _t(a, mesh, (S(0),) * mesh.ndim, grad=True)
+    c = x.cumsum(0)
+    np.testing.assert_array_equal(c.numpy(), np.cumsum(a))
+    (c * _t(np.arange(7.0), mesh)).sum().backward()
+    np.testing.assert_array_equal(x.grad.numpy(), np.cumsum(np.arange(7.0)[::-1])[::-1])
+    assert x.grad.sbp == x.sbp
