@@ -10,6 +10,20 @@ from conftest import MPI_MODE
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["quickstart.py", "simulate.py", "mlp_tp.py"]
+SCRIPT_DIRS = ["benchmarks", "examples"]
+# what the scripts import besides the standard library: a file of that name would shadow it
+IMPORTED = {"numpy", "mpi4py", "ctensor", "torch", "cupy", "matplotlib", "tqdm"}
+
+
+def test_no_script_shadows_a_module():
+    # ``python benchmarks/x.py`` puts benchmarks/ first on sys.path, so a benchmarks/random.py
+    # is what ``import random`` (inside numpy, via secrets) finds
+    taken = set(sys.stdlib_module_names) | IMPORTED
+    clashes = [str(path.relative_to(ROOT)) for folder in SCRIPT_DIRS
+               for path in (ROOT / folder).rglob("*")
+               if "__pycache__" not in path.parts
+               and (path.suffix == ".py" or path.is_dir()) and path.stem in taken]
+    assert not clashes, f"rename these: they shadow a module the scripts import: {clashes}"
 
 
 @pytest.mark.skipif(MPI_MODE, reason="runs each script in its own process")

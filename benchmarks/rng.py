@@ -1,4 +1,4 @@
-"""Layout-independent random numbers against NumPy's generator: ``python benchmarks/random.py``.
+"""Layout-independent random numbers against NumPy's generator: ``python benchmarks/rng.py``.
 
 Times ``ct.randn`` / ``ct.rand`` / ``ct.randint`` on one rank (a 1-rank placement, so the
 time is the Philox + transform work of :mod:`ctensor.random`, no communication) against
