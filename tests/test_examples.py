@@ -238,6 +238,17 @@ def test_readme_command_runs(command, tmp_path):
 
 
 @pytest.mark.skipif(MPI_MODE, reason="starts processes of its own")
+@pytest.mark.parametrize("script", sorted({parts[1] for parts in map(split, RUNNABLE) if parts}),
+                         ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_script_rejects_a_bad_option(script):
+    # a mistyped option is a usage error naming it, never silently ignored or a traceback
+    proc = run([sys.executable, str(script), "--no-such-option"])
+    assert proc.returncode == 2 and "unrecognized arguments: --no-such-option" in proc.stderr, \
+        proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(MPI_MODE, reason="starts processes of its own")
 @pytest.mark.parametrize("line, block", PYTHON_BLOCKS, ids=lambda v: str(v)[:12])
 def test_readme_python_block_runs(line, block):
     proc = run([sys.executable, "-"], stdin=block)
