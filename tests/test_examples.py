@@ -50,7 +50,8 @@ GENERIC = {"python script.py", "mpiexec -n 4 python script.py"}  # "Running": th
 TINY_GPT = ["--steps", "2", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
             "--global-batch", "8", "--no-progress"]
 OUTPUTS = {"--plot", "--save", "--log-json"}  # train.py options naming a file it writes
-TIMEOUT_S = 180
+TIMEOUT_S = 180  # per command; a hang fails sooner, through CTENSOR_TIMEOUT
+SLOW = {"benchmarks/gpu_check.py": 420}  # with a GPU its --quick run takes up to ~5 min
 NO_GPU_EXIT = 2  # gpu_check.py: "no usable GPU here; nothing was checked"
 LAUNCHER_VARS = ("PMI_", "OMPI_", "PMIX_", "MPI_LOCALRANKID", "HYDRA_")
 
@@ -65,15 +66,18 @@ class Command:
 
 
 def _commands_of(text: str, first_line: int) -> list:
-    out, pending = [], ""
+    """The commands of a bash block: one a line (``\\`` continues it), comments dropped."""
+    out, pending, start = [], "", 0
     for i, raw in enumerate(text.splitlines()):
-        line = pending + raw.split(" #")[0].strip() if not raw.lstrip().startswith("#") else ""
+        code = "" if raw.lstrip().startswith("#") else raw.split(" #")[0].strip()
+        start = i if not pending else start
+        line = pending + code
         if line.endswith("\\"):
             pending = line[:-1] + " "
             continue
         pending = ""
         if line:
-            out.append(Command(" ".join(line.split()), first_line + i))
+            out.append(Command(" ".join(line.split()), first_line + start))
     return out
 
 
@@ -160,7 +164,8 @@ def mpiexec() -> str:
     return str(here) if here.exists() else "mpiexec"
 
 
-def run(argv: list, stdin: str | None = None) -> subprocess.CompletedProcess:
+def run(argv: list, stdin: str | None = None,
+        timeout: int = TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run ``argv`` from the repository root; on a timeout kill its whole process group
     (mpiexec and every rank) and fail."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
@@ -170,11 +175,11 @@ def run(argv: list, stdin: str | None = None) -> subprocess.CompletedProcess:
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        out, err = proc.communicate(stdin, timeout=TIMEOUT_S)
+        out, err = proc.communicate(stdin, timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{' '.join(argv)} ran past {TIMEOUT_S} s (a hang?):\n{out[-2000:]}"
+        pytest.fail(f"{' '.join(argv)} ran past {timeout} s (a hang?):\n{out[-2000:]}"
                     f"\n{err[-2000:]}")
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
@@ -213,7 +218,7 @@ def test_no_script_shadows_a_module():
 
 
 @pytest.mark.skipif(MPI_MODE, reason="starts processes of its own")
-@pytest.mark.timeout(TIMEOUT_S + 30)
+@pytest.mark.timeout(max(TIMEOUT_S, *SLOW.values()) + 30)
 @pytest.mark.parametrize("command", RUNNABLE, ids=str)
 def test_readme_command_runs(command, tmp_path):
     nprocs, script, options = parse(command)
@@ -221,7 +226,7 @@ def test_readme_command_runs(command, tmp_path):
     argv = [sys.executable, str(script)] + options
     if nprocs is not None:
         argv = [mpiexec(), "-n", str(nprocs)] + argv
-    proc = run(argv)
+    proc = run(argv, timeout=SLOW.get(script.relative_to(ROOT).as_posix(), TIMEOUT_S))
     log = f"{' '.join(argv)}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-3000:]}"
     if script.name == "gpu_check.py" and proc.returncode == NO_GPU_EXIT:
         import ctensor as ct
