@@ -3,45 +3,32 @@
 For float32 tensors of 1, 16 and 64 MiB it times each conversion through ``to_global`` and
 the raw mpi4py buffer collective that moves the same data, in the same run, and prints the
 median times and their ratio (target <= 1.10x at 16 and 64 MiB). B->S0 moves no data; its
-baseline is the NumPy copy of the local slice.
+baseline is the NumPy copy of the local slice. ``--quick``: 1 MiB, 2 repeats.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import numpy as np
+from mpi4py import MPI
 
 import ctensor as ct
-from ctensor.comm.mpi import MPICommunicator  # noqa: F401  (ensures MPI is importable)
-
-
-def _median_time(fn, repeats: int, comm) -> float:
-    times = []
-    for _ in range(repeats):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    # the slowest rank decides
-    return comm.allreduce(statistics.median(times), op=_MPI.MAX)
+from harness import add_quick, int_list, positive_int, settle, slowest_median
 
 
 def main() -> None:
-    global _MPI
-    from mpi4py import MPI
-    _MPI = MPI
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--sizes", default="1,16,64", help="MiB, comma separated")
-    parser.add_argument("--repeats", type=int, default=15)
-    args = parser.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int_list, help="MiB, comma separated (default 1,16,64)")
+    parser.add_argument("--repeats", type=positive_int, help="timed calls each (default 15)")
+    add_quick(parser)
+    args = settle(parser.parse_args(), dict(sizes=[1, 16, 64], repeats=15),
+                  dict(sizes=[1], repeats=2))
     comm = MPI.COMM_WORLD
     n = comm.Get_size()
     placement = ct.placement.all()
     S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
     rows = []
-    for mib in [int(s) for s in args.sizes.split(",")]:
+    for mib in args.sizes:
         elems = mib * 2**20 // 4
         side = int(np.sqrt(elems))
         side -= side % n
@@ -69,8 +56,8 @@ def main() -> None:
         ]
         for name, ours, raw in cases:
             ours(), raw()  # warm-up (plans, communicators)
-            t_raw = _median_time(raw, args.repeats, comm)
-            t_ours = _median_time(ours, args.repeats, comm)
+            t_raw = slowest_median(raw, args.repeats, comm)
+            t_ours = slowest_median(ours, args.repeats, comm)
             rows.append((mib, name, t_ours, t_raw))
     if comm.rank == 0:
         print(f"boxing on {n} MPI ranks (median of {args.repeats}; slowest rank)")
@@ -79,8 +66,6 @@ def main() -> None:
             print(f"{mib:>5} {name:<10} {t_ours * 1e3:>11.3f} {t_raw * 1e3:>9.3f} "
                   f"{t_ours / t_raw:>6.2f}x")
 
-
-_MPI = None
 
 if __name__ == "__main__":
     main()

@@ -4,16 +4,21 @@ Times ``a + b``, ``a @ b`` and ``a.sum(0)`` on 8x8 float32 tensors laid out (B, 
 (S0, B), with and without ``requires_grad``, against the same NumPy call on the local
 arrays, and prints the added microseconds per op (targets: <= 5 us on a signature-cache hit
 without grad, <= 10 us with grad). Then a 2-layer tensor-parallel MLP step (h=256, 2048
-tokens) against the same model on one process.
+tokens) against the same model on one process. ``--quick``: fewer calls, a smaller MLP.
 """
 from __future__ import annotations
 
 import argparse
 import time
 
-import numpy as np
+import harness
 
-import ctensor as ct
+harness.one_blas_thread()  # before NumPy starts its BLAS threads
+
+import numpy as np  # noqa: E402
+
+import ctensor as ct  # noqa: E402
+from harness import add_quick, positive_int, settle  # noqa: E402
 
 
 def _per_call(fn, number: int) -> float:
@@ -31,7 +36,8 @@ def op_overhead(number: int) -> list:
     p = ct.placement.all()
     S0, B = ct.sbp.split(0), ct.sbp.broadcast
     rng = np.random.default_rng(0)
-    av, bv = rng.standard_normal((8, 8), dtype=np.float32), rng.standard_normal((8, 8), dtype=np.float32)
+    av = rng.standard_normal((8, 8), dtype=np.float32)
+    bv = rng.standard_normal((8, 8), dtype=np.float32)
     rows = []
     for layout_name, sa in [("B,B", B), ("S0,B", S0)]:
         for grad in (False, True):
@@ -76,19 +82,24 @@ def mlp_step(tokens: int, hidden: int, steps: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--number", type=int, default=2000)
-    parser.add_argument("--steps", type=int, default=5)
-    args = parser.parse_args()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--number", type=positive_int, help="calls per timing (default 2000)")
+    parser.add_argument("--steps", type=positive_int, help="timed MLP steps (default 5)")
+    parser.add_argument("--tokens", type=positive_int, help="MLP tokens (default 2048)")
+    parser.add_argument("--hidden", type=positive_int, help="MLP hidden size (default 256)")
+    add_quick(parser)
+    args = settle(parser.parse_args(), dict(number=2000, steps=5, tokens=2048, hidden=256),
+                  dict(number=20, steps=1, tokens=128, hidden=32))
     rows = op_overhead(args.number)
-    t_tp, t_one = mlp_step(2048, 256, args.steps)
+    t_tp, t_one = mlp_step(args.tokens, args.hidden, args.steps)
     if ct.rank() == 0:
         print(f"dispatch overhead on {ct.world_size()} rank(s), 8x8 float32 (best of 5)")
         print(f"{'op':<10}{'sbp':<6}{'grad':<6}{'ctensor us':>11}{'numpy us':>10}{'added us':>10}")
         for name, lay, grad, t_ours, t_ref in rows:
             print(f"{name:<10}{lay:<6}{str(grad):<6}{t_ours * 1e6:>11.1f}{t_ref * 1e6:>10.1f}"
                   f"{(t_ours - t_ref) * 1e6:>10.1f}")
-        print(f"\n2-layer TP MLP (h=256, 2048 tokens) fwd+bwd: {t_tp * 1e3:.1f} ms on "
+        print(f"\n2-layer TP MLP (h={args.hidden}, {args.tokens} tokens) fwd+bwd: "
+              f"{t_tp * 1e3:.1f} ms on "
               f"{ct.world_size()} rank(s) vs {t_one * 1e3:.1f} ms on one rank "
               f"(ratio {t_tp / t_one:.2f}x)")
 

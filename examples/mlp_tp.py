@@ -5,6 +5,7 @@ the hidden units), ``fc2`` row-parallel (weight split on dim 1 -> each rank's pa
 is a partial sum, reduced once). Run: ``python examples/mlp_tp.py`` (simulates 2 ranks) or
 ``mpiexec -n 2 python examples/mlp_tp.py``.
 """
+import argparse
 import contextlib
 
 import numpy as np
@@ -29,14 +30,20 @@ def main() -> None:
     h = x.numpy() @ reference["0.weight"].T + reference["0.bias"]
     h = 0.5 * h * (1 + np.vectorize(__import__("math").erf)(h / np.sqrt(2)))
     y = h @ reference["2.weight"].T + reference["2.bias"]
+    # every rank takes part in every collective: ``loss.item()`` reduces a partial loss, so
+    # it runs here, and only the printing is left to rank 0 (else rank 0 waits forever)
+    value = loss.item()
     if ct.rank() == 0:
-        print(f"loss {loss.item():.6f} (one process: {np.mean(y ** 2):.6f})")
+        print(f"loss {value:.6f} (one process: {np.mean(y ** 2):.6f})")
         print("fc1.weight.grad", model[0].weight.grad.sbp, "fc2.weight.grad",
               model[2].weight.grad.sbp)
         print(log.summary())
-    assert abs(loss.item() - np.mean(y ** 2)) < 1e-4 * abs(np.mean(y ** 2))
+    assert abs(value - np.mean(y ** 2)) < 1e-4 * abs(np.mean(y ** 2))
 
 
 if __name__ == "__main__":
+    # no options: an argument given by mistake is an error, not silently ignored
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with (contextlib.nullcontext() if ct.launched_by_mpi() else ct.simulate(2)):
         main()

@@ -1,5 +1,6 @@
 """The README walk-through. Run as ``python examples/quickstart.py`` (simulates 4 ranks) or
 ``mpiexec -n 4 python examples/quickstart.py`` (one process per rank)."""
+import argparse
 import contextlib
 
 import numpy as np
@@ -36,5 +37,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # no options: an argument given by mistake is an error, not silently ignored
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with (contextlib.nullcontext() if ct.launched_by_mpi() else ct.simulate(4)):
         main()

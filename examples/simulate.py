@@ -1,5 +1,7 @@
 """Simulation walk-through: one process plays 4 ranks; print where data lives and which
 collectives each step needs. Run: ``python examples/simulate.py``."""
+import argparse
+
 import numpy as np
 
 import ctensor as ct
@@ -42,4 +44,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # no options: an argument given by mistake is an error, not silently ignored
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

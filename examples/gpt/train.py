@@ -33,29 +33,54 @@ from ctensor.nn.pipeline import Stage, pipeline_step  # noqa: E402
 from data import VOCAB_SIZE, Corpus  # noqa: E402
 
 
+def _at_least(low: int):
+    """``type=`` for argparse: an int >= ``low``, else a usage error that says so."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    return parse
+
+
+def _non_negative(text: str) -> float:
+    """``type=`` for argparse: a number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value}")
+    return value
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dp", type=int, default=None,
+    p.add_argument("--dp", type=_at_least(1), default=None,
                    help="data-parallel size (default: the world size / (tp * pp))")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--micro-batches", type=int, default=1)
+    p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
+    p.add_argument("--micro-batches", type=_at_least(1), default=1)
     p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup", type=int, default=5, help="warm-up steps of the cosine schedule")
+    p.add_argument("--layers", type=_at_least(1), default=2)
+    p.add_argument("--hidden", type=_at_least(1), default=64)
+    p.add_argument("--heads", type=_at_least(1), default=4)
+    p.add_argument("--seq-len", type=_at_least(1), default=32)
+    p.add_argument("--global-batch", type=_at_least(1), default=8)
+    p.add_argument("--steps", type=_at_least(1), default=50)
+    p.add_argument("--lr", type=_non_negative, default=3e-3)
+    p.add_argument("--warmup", type=_at_least(0), default=5,
+                   help="warm-up steps of the cosine schedule")
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=1.0, help="max grad norm (0: off)")
+    p.add_argument("--clip", type=_non_negative, default=1.0, help="max grad norm (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--simulate", type=int, default=0,
+    p.add_argument("--simulate", type=_at_least(0), default=0,
                    help="simulate this many ranks in one process (instead of mpiexec)")
     p.add_argument("--log-json", help="write one JSON object per step to this file")
     p.add_argument("--save", help="checkpoint directory written at the end")

@@ -1,11 +1,12 @@
-"""Layout-independent random numbers against NumPy's generator: ``python benchmarks/random.py``.
+"""Layout-independent random numbers against NumPy's generator: ``python benchmarks/rng.py``.
 
 Times ``ct.randn`` / ``ct.rand`` / ``ct.randint`` on one rank (a 1-rank placement, so the
 time is the Philox + transform work of :mod:`ctensor.random`, no communication) against
 ``numpy.random.default_rng()`` drawing the same number of values, and prints the ratio
 (target for 16M float32 normals: <= 3x). Also times one shard of a column-split (S(1))
 tensor, the layout whose shard is not one contiguous run of the logical tensor. Best of
-``--repeat`` runs each, interleaved, so a busy machine slows both sides alike.
+``--repeat`` runs each, interleaved, so a busy machine slows both sides alike. ``--quick``:
+65,536 values, one run.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 import numpy as np
 
 import ctensor as ct
+from harness import add_quick, positive_int, settle
 
 
 def _best(fns: list, repeat: int) -> list:
@@ -29,9 +31,10 @@ def _best(fns: list, repeat: int) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=16 * 2 ** 20, help="values per draw")
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--n", type=positive_int, help="values per draw (default 16Mi)")
+    parser.add_argument("--repeat", type=positive_int, help="runs each, best taken (default 5)")
+    add_quick(parser)
+    args = settle(parser.parse_args(), dict(n=16 * 2 ** 20, repeat=5), dict(n=2 ** 16, repeat=1))
     n = args.n
     one = ct.placement("cpu", [0])
     rng = np.random.default_rng(0)

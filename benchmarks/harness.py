@@ -1,0 +1,73 @@
+"""What the benchmark scripts share: argument checks, the ``--quick`` settings, timing.
+
+Every benchmark has a default mode (the real measurement, the figures in ``RESULTS.md``) and
+``--quick`` (tiny sizes, one or two repeats: it checks in seconds that the script runs, as
+CI does). An option given explicitly wins over both.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+
+def positive_int(text: str) -> int:
+    """``type=`` for argparse: an int >= 1, else a clear usage error."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def int_list(text: str) -> list:
+    """``type=`` for argparse: comma-separated positive ints (``"1,16,64"``)."""
+    return [positive_int(part) for part in text.split(",")]
+
+
+def add_quick(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes and 1-2 repeats: checks in seconds that it runs")
+
+
+def settle(args: argparse.Namespace, default: dict, quick: dict) -> argparse.Namespace:
+    """Fill every option left at ``None`` from ``quick`` (with ``--quick``) or ``default``."""
+    chosen = quick if args.quick else default
+    for key, value in chosen.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    return args
+
+
+def mpiexec() -> str:
+    """The mpiexec next to this Python (the MPICH wheel's), else the one on PATH."""
+    here = Path(sys.executable).parent / "mpiexec"
+    return str(here) if here.exists() else (shutil.which("mpiexec") or "mpiexec")
+
+
+def one_blas_thread() -> None:
+    """One BLAS thread per rank, set before NumPy is imported: several ranks share the cores
+    and oversubscribed BLAS threads would measure the scheduler, not the code. A value the
+    user exported wins."""
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(name, "1")
+
+
+def slowest_median(fn: Callable[[], object], repeats: int, comm) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, each started together on every
+    rank (a barrier first); the slowest rank's median decides."""
+    from mpi4py import MPI
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return comm.allreduce(statistics.median(times), op=MPI.MAX)
