@@ -14,6 +14,7 @@ so no rank waits forever: after ``CTENSOR_TIMEOUT`` seconds it raises
 """
 from __future__ import annotations
 
+import math
 import pickle
 import sys
 import time
@@ -43,6 +44,19 @@ def _mpi():
 def _bytes(arr: np.ndarray) -> np.ndarray:
     """Contiguous uint8 view of an array (copies only if it is not C-contiguous)."""
     return contiguous(arr).reshape(-1).view(np.uint8)
+
+
+_dtype_names: dict = {}  # str(dtype) takes microseconds; every collective names its dtype
+
+
+def _dtype_name(buf) -> str:
+    dtype = getattr(buf, "dtype", None)
+    if dtype is None:
+        return ""
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype)
+    return name
 
 
 def _prefix(counts):
@@ -123,7 +137,7 @@ class MPICommunicator(Communicator):
         self._seq[group] = seq
         op, step = debug.current_context()
         call = Call(seq, collective, group, op, step, tuple(getattr(buf, "shape", ())),
-                    str(getattr(buf, "dtype", "")), args, same_shape)
+                    _dtype_name(buf), args, same_shape)
         self.watchdog.doing = call
         if self.watchdog.check:
             self.watchdog.verify(call, group)
@@ -153,7 +167,7 @@ class MPICommunicator(Communicator):
             out[...] = moved
         else:
             call = self._begin("all_gather", group, buf, (f"dim {dim}", f"sizes {list(sizes)}"))
-            row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
+            row = math.prod(moved.shape[1:]) * buf.dtype.itemsize
             displs, _ = _prefix(sizes)
             send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
             comm = self._comm(group, call)
@@ -169,7 +183,7 @@ class MPICommunicator(Communicator):
     def reduce_scatter(self, group, bufs, op, dim, sizes):
         buf = self._mine(group, bufs)
         moved = contiguous(np.moveaxis(buf, dim, 0) if dim else buf)
-        row = int(np.prod(moved.shape[1:], dtype=np.int64))
+        row = math.prod(moved.shape[1:])
         me = group.index(self.rank)
         out = self._pool.empty((sizes[me],) + moved.shape[1:], buf.dtype)
         if len(group) == 1:
@@ -207,8 +221,7 @@ class MPICommunicator(Communicator):
                 send[pos:pos + piece.nbytes].view(buf.dtype).reshape(piece.shape)[...] = piece
                 start += n
                 pos += piece.nbytes
-        other = int(np.prod([n for i, n in enumerate(buf.shape) if i != split_dim],
-                            dtype=np.int64))
+        other = math.prod(n for i, n in enumerate(buf.shape) if i != split_dim)
         send_counts = [n * other * itemsize for n in split_sizes]
         # what member i sends me: buf's shape with split_dim = my part, concat_dim = its length
         recv_shapes = []
@@ -217,7 +230,7 @@ class MPICommunicator(Communicator):
             shape[split_dim] = split_sizes[me]
             shape[concat_dim] = n
             recv_shapes.append(tuple(shape))
-        recv_counts = [int(np.prod(s, dtype=np.int64)) * itemsize for s in recv_shapes]
+        recv_counts = [math.prod(s) * itemsize for s in recv_shapes]
         sdispls, _ = _prefix(send_counts)
         rdispls, rtotal = _prefix(recv_counts)
         recv = self._pool.empty(rtotal, np.uint8)
