@@ -5,6 +5,9 @@
   ``CommTimeoutError`` without it; a rank that raises aborts the job in seconds; a pytest run
   where one rank's assertion fails ends. These spawn mpiexec themselves, so they are skipped
   when the suite already runs under mpiexec.
+* Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ``ct.tensor`` data that
+  differ between ranks raise on every rank without debug mode (skipped in simulation, where
+  nothing can differ).
 * The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers) on a
   fake in-memory network of two ranks in threads, so it runs in every mode.
 """
@@ -22,12 +25,19 @@ import numpy as np
 import pytest
 
 import ctensor as ct
+from ctensor import debug, runtime
 from ctensor.comm import watchdog as wd
 from conftest import MPI_MODE
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "mpi_scripts"
 needs_launcher = pytest.mark.skipif(MPI_MODE, reason="spawns mpiexec itself")
+S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
+
+
+def multi_process() -> bool:
+    """Whether ranks live in different processes (mpiexec with more than one rank)."""
+    return runtime.world().mode is runtime.Mode.MPI
 
 
 def _mpiexec() -> str:
@@ -105,6 +115,58 @@ def test_failing_assertion_on_one_rank_ends_the_pytest_run(tmp_path):
     assert proc.returncode != 0, out
     assert elapsed < 30, out
     assert "[rank 1] FAILED" in out and "rank 1 fails on purpose" in out, out
+
+
+# ----------------------------------------------------------------------------- real ranks
+def require_ranks() -> None:
+    if not multi_process():
+        pytest.skip("needs ranks in different processes: runs in the mpiexec runs of the suite")
+
+
+def test_tensor_with_different_data_on_the_ranks_raises_on_every_rank():
+    """ct.tensor checks by default (no debug mode) that every rank passed the same data."""
+    require_ranks()
+    p = ct.placement.all()
+    others = list(range(1, ct.world_size()))
+    drawn = np.random.default_rng(ct.rank()).standard_normal(6)   # as if unseeded
+    with pytest.raises(ValueError) as info:
+        ct.tensor(drawn, placement=p)
+    text = str(info.value)
+    assert text.startswith("tensor: argument 'data' must be the same full logical value")
+    assert f"ranks {others} passed data different from rank 0's" in text, text
+    assert "unseeded np.random" in text and "ct.from_local" in text, text
+    # one value differing on rank 1 only names rank 1; another shape is caught too
+    one = np.arange(6.0)
+    one[3] += ct.rank() == 1
+    with pytest.raises(ValueError, match=r"ranks \[1\] passed data different"):
+        ct.tensor(one, placement=p)
+    with pytest.raises(ValueError, match=r"shape \(7,\)"):
+        ct.tensor(np.zeros(6 + (ct.rank() == 1)), placement=p)
+    assert ct.tensor(np.arange(6.0), placement=p, sbp=S0).numpy().tolist() == list(range(6))
+    with ct.debug.check_tensor_data(False):   # the documented switch
+        ct.tensor(drawn, placement=p)
+
+
+def test_data_digest_is_two_sums_over_uint64_lanes(monkeypatch):
+    """The digest against its definition (Python integers), chunked in lanes of 4 here; it
+    tells apart a changed value, a swap and a changed tail byte."""
+    monkeypatch.setattr(debug, "_DIGEST_LANES", 4)
+    monkeypatch.setattr(debug, "_digest_buffers", [])
+
+    def reference(arr):
+        raw = np.ascontiguousarray(arr).tobytes()
+        raw += b"\0" * (-len(raw) % 8)
+        lanes = [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+        return (sum(lanes) % 2**64, sum((2 * i + 1) * v for i, v in enumerate(lanes)) % 2**64)
+
+    data = np.random.default_rng(0).standard_normal(11).astype(np.float32)  # 5.5 lanes
+    assert debug._data_digest(data) == reference(data)
+    swapped = data.copy()
+    swapped[[0, 9]] = swapped[[9, 0]]
+    changed = data.copy()
+    changed[10] = 0.5
+    digests = {debug._data_digest(a) for a in (data, swapped, changed, data[:10])}
+    assert len(digests) == 4
 
 
 # ----------------------------------------------------------------------------- fake network
