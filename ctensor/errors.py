@@ -16,8 +16,11 @@ class CollectiveError(RuntimeError):
 class DivergenceError(CollectiveError):
     """Ranks reached different collectives (different op, shapes, SBP or sequence number).
 
-    Raised in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`) on
-    every rank that compared the fingerprints, naming what each rank was doing.
+    Always checked with one tiny all-reduce of a 64-bit digest before each collective's
+    data moves, so ranks that disagree raise it on every member instead of exchanging
+    garbage; in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`)
+    also for ranks that reached collectives of different groups. The message names what
+    each rank was doing.
     """
 
 

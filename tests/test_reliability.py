@@ -1,13 +1,13 @@
 """No hangs: timed waits, fingerprints, abort on an uncaught exception.
 
 * Under ``mpiexec -n 2`` (subprocesses, each bounded by a 60 s timeout): a rank that skips a
-  ``to_global`` gives ``DivergenceError`` on both ranks in debug mode and
-  ``CommTimeoutError`` without it; a rank that raises aborts the job in seconds; a pytest run
-  where one rank's assertion fails ends. These spawn mpiexec themselves, so they are skipped
-  when the suite already runs under mpiexec.
-* Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ``ct.tensor`` data that
-  differ between ranks raise on every rank without debug mode (skipped in simulation, where
-  nothing can differ).
+  ``to_global`` gives ``DivergenceError`` on both ranks, with or without debug mode; a rank
+  that raises aborts the job in seconds; a pytest run where one rank's assertion fails ends.
+  These spawn mpiexec themselves, so they are skipped when the suite already runs under
+  mpiexec.
+* Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ranks that disagree on
+  shapes or on the kind of collective, and ``ct.tensor`` data that differ between ranks,
+  raise on every rank without debug mode (skipped in simulation, where nothing can differ).
 * The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers) on a
   fake in-memory network of two ranks in threads, so it runs in every mode.
 """
@@ -72,15 +72,17 @@ def test_skipped_to_global_is_a_divergence_error_on_both_ranks_in_debug_mode():
 
 
 @needs_launcher
-def test_skipped_to_global_times_out_without_debug_mode():
-    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_TIMEOUT="3")
+def test_skipped_to_global_is_a_divergence_error_on_both_ranks_without_debug_mode():
+    """The guard: rank 0's all-gather meets rank 1's sends on the same group; both ranks
+    raise at once (not at CTENSOR_TIMEOUT), each saying what both were doing."""
+    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_TIMEOUT="30")
     out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
     assert proc.returncode != 0, out
-    assert elapsed < 30, out
-    assert "[rank 0] ctensor.errors.CommTimeoutError" in out, out
-    # rank 0's message names the op, the rank it waited for, and that rank's answer
-    assert "all_gather" in out and "the ranks [1] did not complete it" in out, out
-    assert "send_recv" in out, out
+    assert elapsed < 20, out
+    for rank in (0, 1):
+        assert out.count(f"[rank {rank}] ctensor.errors.DivergenceError") == 1, out
+    assert "rank 0: collective #2 on ranks [0, 1]: all_gather" in out, out
+    assert "rank 1: collective #2 on ranks [0, 1]: send_recv" in out, out
     assert "finished without an error" not in out
 
 
@@ -121,6 +123,33 @@ def test_failing_assertion_on_one_rank_ends_the_pytest_run(tmp_path):
 def require_ranks() -> None:
     if not multi_process():
         pytest.skip("needs ranks in different processes: runs in the mpiexec runs of the suite")
+
+
+def test_ranks_with_different_shapes_raise_on_every_rank_instead_of_exchanging_garbage():
+    """Without debug mode: odd ranks think the tensor has 5 rows, even ranks 4, so they
+    compute different all-gather counts; the guard raises on every rank before data moves
+    (no uninitialised memory in .numpy()), and the world stays usable."""
+    require_ranks()
+    assert not ct.debug.consistency_checks_enabled()
+    p = ct.placement.all()
+    x = ct.zeros(4 + ct.rank() % 2, 3, placement=p, sbp=S0)
+    with pytest.raises(ct.DivergenceError, match="reached different collectives") as info:
+        x.to_global(sbp=B)
+    text = str(info.value)
+    assert "(4, 3)" in text and "(5, 3)" in text and "all_gather" in text, text
+    value = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(ct.tensor(value, sbp=S0).to_global(sbp=B).numpy(), value)
+
+
+def test_all_gather_meeting_all_reduce_raises_on_every_rank_instead_of_mixing_data():
+    require_ranks()
+    value = np.arange(24.0).reshape(4, 6)
+    split, partial = ct.tensor(value, sbp=S0), ct.tensor(value, sbp=P)
+    with pytest.raises(ct.DivergenceError) as info:
+        (split if ct.rank() == 0 else partial).to_global(sbp=B)
+    text = str(info.value)
+    assert "rank 0: collective" in text and "all_gather" in text and "all_reduce" in text, text
+    np.testing.assert_array_equal(partial.to_global(sbp=B).numpy(), value)
 
 
 def test_tensor_with_different_data_on_the_ranks_raises_on_every_rank():

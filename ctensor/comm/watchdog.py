@@ -95,7 +95,9 @@ class Call:
     ``args`` are the arguments every member passes alike (dims, part sizes, reduction);
     ``shape`` is this rank's buffer shape, compared across members only where the
     collective needs equal shapes (``same_shape``). ``step`` is the boxing step being run
-    (described only when a message or a fingerprint needs it).
+    (described only when a message or a fingerprint needs it). ``guard`` holds, as plain
+    ints, what the members must agree on for the data to fit (dtype, part sizes, the
+    shape outside the gathered dim): the always-on check all-reduces a digest of it.
     """
 
     seq: int
@@ -107,12 +109,13 @@ class Call:
     dtype: str
     args: tuple = ()
     same_shape: bool = False
+    guard: tuple = ()
 
     def key(self) -> str:
         """The rank-independent part: equal on every member of a consistent call."""
         shape = self.shape if self.same_shape else ()
         return (f"{self.seq}|{self.collective}|{self.group}|{self.op}|{self.step_text()}|"
-                f"{self.dtype}|{self.args}|{shape}")
+                f"{self.dtype}|{self.args}|{shape}|{self.guard}")
 
     def describe(self) -> str:
         """One line for error messages."""
@@ -182,17 +185,24 @@ class Watchdog:
 
     def _poll(self, requests: Sequence, timeout: float) -> bool:
         """Test until every request completed (True) or ``timeout`` passed (False)."""
-        testall = self.MPI.Request.Testall
-        if testall(requests):
+        if len(requests) == 1:
+            # one request: its own Test (MPICH's Testall misreports persistent collectives)
+            test = requests[0].Test
+        else:
+            testall = self.MPI.Request.Testall
+
+            def test() -> bool:
+                return testall(requests)
+        if test():
             return True
         now = time.perf_counter
         start = now()
         while now() - start < SPIN_SECONDS:
-            if testall(requests):
+            if test():
                 return True
         yield_until = start + min(YIELD_SECONDS, timeout)
         while now() < yield_until:
-            if testall(requests):
+            if test():
                 return True
             _yield()
         deadline = start + timeout
@@ -200,11 +210,11 @@ class Watchdog:
         while True:
             time.sleep(delay)
             delay = min(2 * delay, MAX_SLEEP_SECONDS)
-            if testall(requests):
+            if test():
                 return True
             self.serve_queries()
             if now() > deadline:
-                return testall(requests)
+                return test()
 
     # ------------------------------------------------------------------ queries
     def serve_queries(self) -> None:
@@ -296,9 +306,18 @@ class Watchdog:
                  f"{self.rank}):"]
         lines += [f"  rank {r}: {texts[r]}" for r in sorted(texts)]
         lines.append("Every rank of a placement must run the same ops on the same global "
-                     "tensors in the same order (look for rank-dependent branches before "
-                     "this op); the job cannot continue and will be aborted.")
+                     "tensors (same shapes, dtypes and SBPs) in the same order: look for "
+                     "rank-dependent branches or data before this op. The job cannot "
+                     "continue and will be aborted.")
         raise DivergenceError("\n".join(lines))
+
+    def disagree(self, call: Call, members: Sequence[int]) -> None:
+        """The always-on digest check of ``call`` differed between ``members``. Every member
+        found it at this same point, so all of them exchange their fingerprints and raise the
+        :class:`DivergenceError` of :meth:`verify`, which says what each rank runs."""
+        self.verify(call, members)
+        raise DivergenceError(f"ranks {list(members)} disagree on {call.describe()} (their "
+                              f"digests differ); rerun with CTENSOR_DEBUG=1 for details")
 
     def _missing_error(self, call: Call, answers: dict, limit: float) -> Exception:
         missing = list(answers)
