@@ -28,3 +28,10 @@ class CommTimeoutError(CollectiveError):
     """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 300) for other
     ranks; the message names the op, the ranks it waited for and, where they answered,
     what those ranks were doing instead."""
+
+
+class RankExitedError(CollectiveError):
+    """A rank that this rank waits for in a collective has finished its script instead
+    (reached its end, returned from ``main`` or called ``sys.exit``). Raised within about
+    a second of that rank's exit; the message names the rank, where it left and what this
+    rank was waiting in."""

@@ -1,15 +1,17 @@
-"""No hangs: timed waits, fingerprints, abort on an uncaught exception.
+"""No hangs and no garbage: timed waits, the guard, fingerprints, leaving, aborting.
 
-* Under ``mpiexec -n 2`` (subprocesses, each bounded by a 60 s timeout): a rank that skips a
-  ``to_global`` gives ``DivergenceError`` on both ranks, with or without debug mode; a rank
-  that raises aborts the job in seconds; a pytest run where one rank's assertion fails ends.
-  These spawn mpiexec themselves, so they are skipped when the suite already runs under
-  mpiexec.
+* Under ``mpiexec -n 2`` / ``-n 3`` (subprocesses, each bounded by a 60 s timeout): a rank
+  that skips a ``to_global`` gives ``DivergenceError`` on both ranks, with or without debug
+  mode; a rank that raises aborts the job in seconds; a rank that leaves early
+  (``sys.exit(0)``, ``sys.exit(3)``, a return from ``main``) fails the ranks waiting for it
+  within seconds, while ranks that all finish leave cleanly; a pytest run where one rank's
+  assertion fails ends. These spawn mpiexec themselves, so they are skipped when the suite
+  already runs under mpiexec.
 * Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ranks that disagree on
   shapes or on the kind of collective, and ``ct.tensor`` data that differ between ranks,
   raise on every rank without debug mode (skipped in simulation, where nothing can differ).
-* The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers) on a
-  fake in-memory network of two ranks in threads, so it runs in every mode.
+* The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers,
+  leaving) on a fake in-memory network of two ranks in threads, so it runs in every mode.
 """
 from __future__ import annotations
 
@@ -119,6 +121,39 @@ def test_failing_assertion_on_one_rank_ends_the_pytest_run(tmp_path):
     assert "[rank 1] FAILED" in out and "rank 1 fails on purpose" in out, out
 
 
+@needs_launcher
+@pytest.mark.parametrize("how, nprocs", [("exit0", 2), ("exit3", 3), ("return", 3)])
+def test_rank_that_leaves_early_fails_the_ranks_waiting_for_it(how, nprocs):
+    """The last rank leaves (sys.exit(0), sys.exit(3), a return from main) after a first
+    collective; each other rank raises RankExitedError within seconds (CTENSOR_TIMEOUT is
+    30 s), printed once, naming the rank that left, where it left and what it waits in."""
+    proc, elapsed = run_mpi([SCRIPTS / "leave_early.py", how], nprocs, CTENSOR_TIMEOUT="30")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 20, out
+    last = nprocs - 1
+    for rank in range(last):
+        assert out.count(f"[rank {rank}] ctensor.errors.RankExitedError: rank {rank} waits in "
+                         f"collective #3 on ranks {list(range(nprocs))}: all_to_all") == 1, out
+        assert out.count(f"[rank {rank}] uncaught exception") == 1, out
+    assert f"but rank {last} left and will never join it" in out, out
+    assert (f"rank {last} finished its script (reached its end, returned or called sys.exit) "
+            f"after collective #2 on ranks {list(range(nprocs))}: all_gather") in out, out
+    assert f"[rank {last}]" not in out and "finished with" not in out, out
+
+
+@needs_launcher
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_ranks_that_all_finish_leave_cleanly(nprocs):
+    proc, elapsed = run_mpi([SCRIPTS / "leave_early.py", "normal"], nprocs)
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode == 0, out
+    assert elapsed < 20, out
+    # every rank's line and nothing else: no warning, no MPI noise at finalize
+    assert sorted(proc.stdout.splitlines()) == [f"rank {r} finished with 66"
+                                                for r in range(nprocs)], out
+
+
 # ----------------------------------------------------------------------------- real ranks
 def require_ranks() -> None:
     if not multi_process():
@@ -207,8 +242,12 @@ class _Request:
         self._done = self._done or self._test()
         return self._done
 
-    def Cancel(self) -> None:
-        self._test = lambda: False
+    def Cancel(self) -> None:  # a cancelled request completes (receiving nothing)
+        self._test, self._done = (lambda: False), True
+
+    def Wait(self) -> None:
+        while not self.Test():
+            time.sleep(1e-4)
 
 
 class _Status:
@@ -381,6 +420,32 @@ def test_wait_times_out_naming_op_and_ranks(fast):
     text = str(info.value)
     assert "waited 0.1 s" in text and "softmax" in text and "ranks [1]" in text
     assert "rank 1: no answer" in text
+
+
+def test_rank_that_left_fails_a_wait_for_it_within_a_second(fast):
+    """Rank 1 leaves (its exit handler); rank 0, waiting for it in a collective that never
+    completes, raises RankExitedError naming rank 1 and where it left, long before its
+    timeout; rank 1 keeps waiting for rank 0's notice and gives up at its own timeout."""
+    net = _Net()
+    leaving = _watchdog(net, 1, timeout=1.0)
+    leaving.last = _call(seq=4, op="matmul")
+    start = time.monotonic()
+    exc, left_in_time = _in_threads(
+        lambda: _watchdog(net, 0, timeout=20).wait([_Request(lambda: False)],
+                                                   _call(seq=5, op="softmax"), [1]),
+        lambda: leaving.leave(2))
+    assert time.monotonic() - start < 5
+    assert isinstance(exc, ct.RankExitedError), exc
+    text = str(exc)
+    assert "rank 0 waits in collective #5" in text and "softmax" in text, text
+    assert "rank 1 left" in text and "after collective #4" in text and "matmul" in text, text
+    assert left_in_time is False
+
+
+def test_ranks_that_all_leave_wait_for_each_other(fast):
+    net = _Net()
+    assert _in_threads(lambda: _watchdog(net, 0).leave(2),
+                       lambda: _watchdog(net, 1).leave(2)) == [True, True]
 
 
 def test_wait_returns_when_requests_complete(fast):

@@ -23,10 +23,13 @@ shapes, skip a collective or run another kind of collective on the same group th
 exchange garbage, with or without debug mode; and since the data collective is posted
 only after the digests agree, the world stays consistent.
 
-:func:`install_excepthook` makes an uncaught exception on one rank abort the whole job.
+:func:`install_excepthook` makes an uncaught exception on one rank abort the whole job;
+:func:`install_exit_handler` makes a rank that leaves early fail the ranks waiting for it
+(see :meth:`Watchdog.leave`).
 """
 from __future__ import annotations
 
+import atexit
 import math
 import pickle
 import sys
@@ -113,6 +116,12 @@ class _Channel:
         """Every member's digest equals this one's: the maximum of ``digest`` and of
         ``~digest`` (``-min(digest) - 1``) are both this rank's own."""
         return bool(self.seen[0] == self.mine[0] and self.seen[1] == self.mine[1])
+
+    def free(self) -> None:
+        """Release the persistent request (MPICH reports unfreed ones at finalize)."""
+        if self._request is not None and self._request.Test():
+            self._request.Free()
+            self._request = None
 
 
 def _prefix(counts):
@@ -211,6 +220,7 @@ class MPICommunicator(Communicator):
         watchdog = self.watchdog
         watchdog.wait(requests, call, channel.peers)
         watchdog.doing = None
+        watchdog.last = call
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, group, bufs, op):
@@ -358,6 +368,7 @@ class MPICommunicator(Communicator):
                     requests.append(self.world.Isend([data, MPI.BYTE], dest=m.dst, tag=m.tag))
         self.watchdog.wait(requests, call, sorted(peers))
         self.watchdog.doing = None
+        self.watchdog.last = call
         return received
 
     def all_gather_object(self, group, objs):
@@ -389,6 +400,15 @@ class MPICommunicator(Communicator):
 
     def abort(self, code: int = 1) -> None:
         self.world.Abort(code)
+
+    def leave(self) -> None:
+        """This rank's script is over: tell the other ranks and wait for them (see
+        :meth:`Watchdog.leave`), then release the guards' persistent requests."""
+        if self._MPI.Is_finalized() or self.size == 1:
+            return
+        self.watchdog.leave(self.size)
+        for channel in self._channels.values():
+            channel.free()
 
 
 def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
@@ -428,3 +448,12 @@ def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
     hook._ctensor_abort = True  # type: ignore[attr-defined]
     sys.excepthook = hook
 
+
+def install_exit_handler(comm: MPICommunicator) -> None:
+    """Run :meth:`MPICommunicator.leave` when this rank's script ends (``sys.exit``, a return
+    from ``main``, the end of the file): the ranks still waiting for it in a collective then
+    raise :class:`~ctensor.errors.RankExitedError` within about a second, instead of at
+    their timeout. Python runs ``atexit`` handlers before mpi4py finalizes MPI. Installed
+    by the runtime with :func:`install_excepthook`; an abort skips it.
+    """
+    atexit.register(comm.leave)
