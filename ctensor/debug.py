@@ -4,16 +4,18 @@
 * :func:`comm_log` records every boxing step (op, from SBP, to SBP, collective, bytes)
   and prints a per-op summary table;
 * :func:`check_consistency` (or ``CTENSOR_DEBUG=1``) turns on the fingerprint exchange
-  before every MPI collective, so ranks that run different collectives get a
-  :class:`~ctensor.errors.DivergenceError` instead of a hang;
+  before every MPI collective, so ranks that run different collectives (on different
+  groups too) get a :class:`~ctensor.errors.DivergenceError` instead of a hang;
 * :func:`check_tensor_data` switches off (or on again) the check, on by default, that
   every rank passed ``ct.tensor`` the same data.
 
-Under mpiexec a collective that waits longer than ``CTENSOR_TIMEOUT`` seconds (default
-300) raises :class:`~ctensor.errors.CommTimeoutError` whether or not debug mode is on.
-After either error the job cannot safely run more collectives: let it propagate and the
-excepthook aborts the job. In a simulation one process holds every rank, so the checks
-are no-ops there.
+Under mpiexec, whether or not debug mode is on, a collective whose members disagree on
+what they run raises :class:`~ctensor.errors.DivergenceError` before its data moves, one
+that waits longer than ``CTENSOR_TIMEOUT`` seconds (default 60) raises
+:class:`~ctensor.errors.CommTimeoutError`, and one that waits for a rank that has left
+raises :class:`~ctensor.errors.RankExitedError`. After any of them the job cannot safely
+run more collectives: let it propagate and the excepthook aborts the job. In a simulation
+one process holds every rank, so the checks are no-ops there.
 """
 from __future__ import annotations
 

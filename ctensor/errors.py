@@ -25,9 +25,10 @@ class DivergenceError(CollectiveError):
 
 
 class CommTimeoutError(CollectiveError):
-    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 300) for other
+    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 60) for other
     ranks; the message names the op, the ranks it waited for and, where they answered,
-    what those ranks were doing instead."""
+    what those ranks were doing instead, and says how to turn on ``CTENSOR_DEBUG=1`` and
+    how to raise ``CTENSOR_TIMEOUT``."""
 
 
 class RankExitedError(CollectiveError):

@@ -2,11 +2,11 @@
 
 * Under ``mpiexec -n 2`` / ``-n 3`` (subprocesses, each bounded by a 60 s timeout): a rank
   that skips a ``to_global`` gives ``DivergenceError`` on both ranks, with or without debug
-  mode; a rank that raises aborts the job in seconds; a rank that leaves early
-  (``sys.exit(0)``, ``sys.exit(3)``, a return from ``main``) fails the ranks waiting for it
-  within seconds, while ranks that all finish leave cleanly; a pytest run where one rank's
-  assertion fails ends. These spawn mpiexec themselves, so they are skipped when the suite
-  already runs under mpiexec.
+  mode; ranks in collectives of different groups time out with advice; a rank that raises
+  aborts the job in seconds; a rank that leaves early (``sys.exit(0)``, ``sys.exit(3)``, a
+  return from ``main``) fails the ranks waiting for it within seconds, while ranks that all
+  finish leave cleanly; a pytest run where one rank's assertion fails ends. These spawn
+  mpiexec themselves, so they are skipped when the suite already runs under mpiexec.
 * Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ranks that disagree on
   shapes or on the kind of collective, and ``ct.tensor`` data that differ between ranks,
   raise on every rank without debug mode (skipped in simulation, where nothing can differ).
@@ -85,6 +85,22 @@ def test_skipped_to_global_is_a_divergence_error_on_both_ranks_without_debug_mod
         assert out.count(f"[rank {rank}] ctensor.errors.DivergenceError") == 1, out
     assert "rank 0: collective #2 on ranks [0, 1]: all_gather" in out, out
     assert "rank 1: collective #2 on ranks [0, 1]: send_recv" in out, out
+    assert "finished without an error" not in out
+
+
+@needs_launcher
+def test_collectives_of_different_groups_time_out_saying_what_to_do():
+    proc, elapsed = run_mpi([SCRIPTS / "other_group.py"], CTENSOR_TIMEOUT="3")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 30, out
+    assert "[rank 0] ctensor.errors.CommTimeoutError" in out, out
+    # rank 0's message names the op, the rank it waited for, and that rank's answer
+    assert "all_gather" in out and "the ranks [1] did not complete it" in out, out
+    assert "rank 1: collective #1 on ranks [1, 0]: all_gather" in out, out
+    # and says how to see more, and how to give slow ranks more time
+    assert "CTENSOR_DEBUG=1 mpiexec -n 2 python script.py" in out, out
+    assert "CTENSOR_TIMEOUT=600" in out, out
     assert "finished without an error" not in out
 
 
@@ -287,6 +303,9 @@ class _World:
     def Get_rank(self) -> int:
         return self.rank
 
+    def Get_size(self) -> int:
+        return 2
+
     def Isend(self, spec, dest, tag):
         with self.net.lock:
             self.net.queues.setdefault((self.rank, dest, tag), []).append(np.array(spec[0]))
@@ -420,6 +439,8 @@ def test_wait_times_out_naming_op_and_ranks(fast):
     text = str(info.value)
     assert "waited 0.1 s" in text and "softmax" in text and "ranks [1]" in text
     assert "rank 1: no answer" in text
+    # the first error a user sees says how to see more and how to wait longer
+    assert "rerun with CTENSOR_DEBUG=1" in text and "CTENSOR_TIMEOUT=600" in text
 
 
 def test_rank_that_left_fails_a_wait_for_it_within_a_second(fast):
@@ -465,7 +486,7 @@ def test_records_have_a_fixed_size_and_round_trip():
 
 def test_environment_settings(monkeypatch):
     monkeypatch.delenv("CTENSOR_TIMEOUT", raising=False)
-    assert wd.env_timeout() == wd.DEFAULT_TIMEOUT
+    assert wd.env_timeout() == wd.DEFAULT_TIMEOUT == 60.0
     monkeypatch.setenv("CTENSOR_TIMEOUT", "2.5")
     assert wd.env_timeout() == 2.5
     for bad in ("0", "-1", "soon"):

@@ -136,7 +136,7 @@ class MPICommunicator(Communicator):
     """Wraps ``MPI.COMM_WORLD``; this process holds exactly its own rank.
 
     ``check_consistency`` (default: ``CTENSOR_DEBUG``) turns on the fingerprint exchange
-    before every collective; ``timeout`` (default: ``CTENSOR_TIMEOUT``, 300 s) bounds every
+    before every collective; ``timeout`` (default: ``CTENSOR_TIMEOUT``, 60 s) bounds every
     wait.
     """
 

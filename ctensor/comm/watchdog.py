@@ -10,7 +10,7 @@ nonblocking call and completed by :meth:`Watchdog.wait`, which
 * while sleeping, answers other ranks' queries about what this rank is doing, and takes
   the notices of ranks that left (below): if it waits for one of them it raises
   :class:`~ctensor.errors.RankExitedError`;
-* after ``CTENSOR_TIMEOUT`` seconds (default 300) asks the ranks it waits for what they are
+* after ``CTENSOR_TIMEOUT`` seconds (default 60) asks the ranks it waits for what they are
   doing and raises :class:`~ctensor.errors.CommTimeoutError` naming the op, the ranks and
   their answers, instead of waiting forever.
 
@@ -51,7 +51,8 @@ from .. import debug
 from ..errors import CommTimeoutError, DivergenceError, RankExitedError
 
 __all__ = ["Call", "Watchdog", "env_timeout", "env_debug", "SPIN_SECONDS",
-           "MAX_SLEEP_SECONDS", "RECORD_BYTES", "DEFAULT_TIMEOUT", "DEBUG_TIMEOUT"]
+           "MAX_SLEEP_SECONDS", "RECORD_BYTES", "DEFAULT_TIMEOUT", "DEBUG_TIMEOUT",
+           "timeout_advice"]
 
 #: seconds a wait spins on ``Test`` alone (a small collective never pays a syscall)
 SPIN_SECONDS = 2e-4
@@ -63,8 +64,14 @@ YIELD_SECONDS = 1.0
 MAX_SLEEP_SECONDS = 1e-3
 #: the same at exit, waiting for ranks that are still busy (no hurry; leave the cores free)
 EXIT_SLEEP_SECONDS = 2e-2
-#: default of ``CTENSOR_TIMEOUT``
-DEFAULT_TIMEOUT = 300.0
+#: default of ``CTENSOR_TIMEOUT``. One wait covers one collective from the moment this rank
+#: enters it: the transfer itself (a 1 GiB all-reduce takes ~20 s over 1 Gbit/s Ethernet,
+#: well under a second in shared memory) plus the other ranks' lateness (their first-time
+#: communicator creation, imports or compilation, a rank-0-only print or plot). Ranks that
+#: left or run different collectives on the same group no longer depend on it (they fail
+#: within about a second), so it only has to catch real hangs: a minute is a wait a user at
+#: a workstation can live with, and CTENSOR_TIMEOUT raises it for longer one-rank work.
+DEFAULT_TIMEOUT = 60.0
 #: default deadline of the fingerprint exchange in debug mode (capped by ``CTENSOR_TIMEOUT``)
 DEBUG_TIMEOUT = 20.0
 #: how long a rank that timed out waits for answers to its queries
@@ -84,7 +91,7 @@ _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def env_timeout() -> float:
-    """``CTENSOR_TIMEOUT`` in seconds (default 300); a bad value is a ``ValueError``."""
+    """``CTENSOR_TIMEOUT`` in seconds (default 60); a bad value is a ``ValueError``."""
     text = os.environ.get("CTENSOR_TIMEOUT", "").strip()
     if not text:
         return DEFAULT_TIMEOUT
@@ -168,6 +175,16 @@ def _answer_lines(answers: dict) -> list:
     return [f"  rank {r}: " + (text if text is not None else
                                "no answer (finished, failed, or busy outside ctensor "
                                "collectives)") for r, text in answers.items()]
+
+
+def timeout_advice(size: int = 2) -> str:
+    """What to do after a timeout: see what each rank runs, or allow slow ranks more time."""
+    return ("To see which op each rank is at, rerun with CTENSOR_DEBUG=1 (for example "
+            f"CTENSOR_DEBUG=1 mpiexec -n {size} python script.py): every collective then first "
+            "compares what the ranks are about to run. If the ranks are only slow (work that "
+            "some ranks do alone, such as evaluating or saving on rank 0, or a first-time "
+            "compilation), raise the limit: CTENSOR_TIMEOUT=600 (seconds; default "
+            f"{DEFAULT_TIMEOUT:g}).")
 
 
 class Watchdog:
@@ -355,9 +372,9 @@ class Watchdog:
         lines = [f"rank {self.rank} waited {timeout:g} s (CTENSOR_TIMEOUT) in "
                  f"{call.describe()}; the ranks {list(waiting_for)} did not complete it:"]
         lines += _answer_lines(answers)
-        lines.append("The ranks ran different collectives or one of them is stuck; the job "
-                     "cannot continue safely and will be aborted. Set CTENSOR_DEBUG=1 to "
-                     "compare every collective's fingerprint across ranks.")
+        lines.append("The ranks ran different collectives, one of them is stuck, or they are "
+                     "only slow; the job cannot continue safely and will be aborted.")
+        lines.append(timeout_advice(self.world.Get_size()))
         return CommTimeoutError("\n".join(lines))
 
     # ------------------------------------------------------------------ fingerprints
