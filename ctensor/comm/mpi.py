@@ -99,7 +99,10 @@ class _Channel:
         self.peers = peers
         self.mine = np.zeros(2, dtype=np.int64)
         self.seen = np.zeros(2, dtype=np.int64)
-        try:  # MPI-4 persistent collective: set up once, started per collective
+        # an MPI-4 persistent collective, set up once and started per collective; an MPI
+        # library older than MPI-4 (Open MPI 4, MPICH 3) lacks it: start_guard then posts
+        # a plain Iallreduce each time
+        try:
             self._request = self.guard.Allreduce_init(self.mine, self.seen, op=MPI.MAX)
         except (NotImplementedError, MPI.Exception):
             self._request = None
