@@ -203,6 +203,37 @@ def test_all_gather_meeting_all_reduce_raises_on_every_rank_instead_of_mixing_da
     np.testing.assert_array_equal(partial.to_global(sbp=B).numpy(), value)
 
 
+def test_guard_falls_back_to_iallreduce_without_persistent_collectives():
+    """An MPI library before MPI-4 has no Allreduce_init: the guard then posts an
+    Iallreduce per collective, with the same answer on every rank."""
+    require_ranks()
+    from mpi4py import MPI
+    from ctensor.comm import mpi as cm
+
+    class WithoutPersistent:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def Dup(self):
+            return WithoutPersistent(self.comm.Dup())
+
+        def Allreduce_init(self, *args, **kwargs):
+            raise NotImplementedError("MPI-4")
+
+        def Iallreduce(self, *args, **kwargs):
+            return self.comm.Iallreduce(*args, **kwargs)
+
+    channel = cm._Channel(MPI, WithoutPersistent(MPI.COMM_WORLD), [])
+    try:
+        agreed = []
+        for digest in (5, 5 + ct.rank()):  # the same on every rank, then not
+            channel.start_guard(digest).Wait()
+            agreed.append(channel.agreed())
+        assert agreed == [True, False]
+    finally:
+        channel.guard.comm.Free()
+
+
 def test_tensor_with_different_data_on_the_ranks_raises_on_every_rank():
     """ct.tensor checks by default (no debug mode) that every rank passed the same data."""
     require_ranks()
