@@ -123,7 +123,7 @@ def tensor(data, placement: Optional[Placement] = None, sbp=None, dtype=None,
                         f"array), got dtype {arr.dtype}")
     layout = resolve("tensor", arr.shape, placement, sbp, arr.dtype)
     _check_grad("tensor", layout.dtype, requires_grad)
-    debug.check_same_data("tensor", arr, layout.placement)  # debug mode, several processes
+    debug.check_same_data("tensor", arr, layout.placement)  # several processes: one all-reduce
     return generate(layout, lambda xp, region, dt: arr[tuple(slice(a, b) for a, b in region)].copy(),
                     requires_grad)
 

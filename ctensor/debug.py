@@ -4,20 +4,22 @@
 * :func:`comm_log` records every boxing step (op, from SBP, to SBP, collective, bytes)
   and prints a per-op summary table;
 * :func:`check_consistency` (or ``CTENSOR_DEBUG=1``) turns on the fingerprint exchange
-  before every MPI collective, so ranks that run different collectives get a
-  :class:`~ctensor.errors.DivergenceError` instead of a hang, and makes ``ct.tensor``
-  check that every rank passed the same data.
+  before every MPI collective, so ranks that run different collectives (on different
+  groups too) get a :class:`~ctensor.errors.DivergenceError` instead of a hang;
+* :func:`check_tensor_data` switches off (or on again) the check, on by default, that
+  every rank passed ``ct.tensor`` the same data.
 
-Under mpiexec a collective that waits longer than ``CTENSOR_TIMEOUT`` seconds (default
-300) raises :class:`~ctensor.errors.CommTimeoutError` whether or not debug mode is on.
-After either error the job cannot safely run more collectives: let it propagate and the
-excepthook aborts the job. In a simulation one process holds every rank, so the checks
-are no-ops there.
+Under mpiexec, whether or not debug mode is on, a collective whose members disagree on
+what they run raises :class:`~ctensor.errors.DivergenceError` before its data moves, one
+that waits longer than ``CTENSOR_TIMEOUT`` seconds (default 60) raises
+:class:`~ctensor.errors.CommTimeoutError`, and one that waits for a rank that has left
+raises :class:`~ctensor.errors.RankExitedError`. After any of them the job cannot safely
+run more collectives: let it propagate and the excepthook aborts the job. In a simulation
+one process holds every rank, so the checks are no-ops there.
 """
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
@@ -26,7 +28,8 @@ import numpy as np
 from .comm import context
 
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture",
-           "check_consistency", "consistency_checks_enabled", "check_same_data",
+           "check_consistency", "consistency_checks_enabled", "check_tensor_data",
+           "check_same_data",
            "boxing_step", "current_context", "describe_step"]
 
 
@@ -183,9 +186,9 @@ class check_consistency:
     collective, op, boxing step with shape, dtype, SBP and placement) with the other
     members; ranks that disagree raise :class:`~ctensor.errors.DivergenceError` on every
     member, and a member that does not arrive within ``timeout`` seconds (default 20, at
-    most ``CTENSOR_TIMEOUT``) turns into an error naming it. ``ct.tensor`` also checks that
-    every rank passed the same data. Same as ``CTENSOR_DEBUG=1``; call it on every rank
-    at the same point. A no-op in a simulation (one process holds every rank).
+    most ``CTENSOR_TIMEOUT``) turns into an error naming it. Same as ``CTENSOR_DEBUG=1``;
+    call it on every rank at the same point. A no-op in a simulation (one process holds
+    every rank).
 
     >>> ct.debug.check_consistency()            # from here on
     >>> with ct.debug.check_consistency():      # or only inside the block
@@ -227,31 +230,115 @@ def consistency_checks_enabled() -> bool:
     return bool(_process_comm().check_consistency)
 
 
+class check_tensor_data:
+    """Turn off (or on again) the check that ``ct.tensor`` makes by default under mpiexec:
+    that every rank of the placement passed the same ``data``.
+
+    The check hashes ``data`` (about 0.1 ms per MiB) and all-reduces a 32-byte digest once;
+    ranks whose data differ get a ``ValueError`` on every rank. Turn it off for large
+    tensors built identically on purpose, or where ``ct.tensor`` runs in a hot loop. Call
+    it on every rank alike. A no-op in a simulation (one process holds every rank).
+
+    >>> ct.debug.check_tensor_data(False)          # from here on
+    >>> with ct.debug.check_tensor_data(False):    # or only inside the block
+    ...     x = ct.tensor(big_array, sbp=ct.sbp.split(0))
+    """
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"check_tensor_data: argument 'enabled' must be True or False, "
+                            f"got {enabled!r}")
+        self._comm = _process_comm()
+        self._previous = bool(self._comm.check_tensor_data)
+        self._comm.check_tensor_data = enabled
+
+    def __enter__(self) -> "check_tensor_data":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._comm.check_tensor_data = self._previous
+
+    def __repr__(self) -> str:
+        return f"check_tensor_data(enabled={bool(self._comm.check_tensor_data)})"
+
+
+#: uint64 lanes hashed per step (1 MiB): hashing holds at most two such buffers
+_DIGEST_LANES = 1 << 17
+_digest_buffers: list = []  # [odd weights 1, 3, 5, ..., scratch], made on first use
+
+
+def _data_digest(arr: np.ndarray) -> tuple:
+    """Two sums over ``arr``'s bytes read as uint64 lanes ``v_i`` (the tail zero-padded),
+    modulo 2**64: ``sum(v_i)`` and ``sum((2i + 1) * v_i)``.
+
+    A change of one lane by ``d != 0`` changes the first sum by ``d`` and the second by
+    ``(2i + 1) * d``, non-zero because odd numbers are invertible modulo 2**64; swapping
+    lanes ``i`` and ``j`` changes the second by ``2 (j - i) (v_i - v_j)``. So another seed,
+    a rank-dependent value or a permutation is caught (an adversary could defeat it; no
+    user does by accident), at the cost of two NumPy reductions (~0.1 ms per MiB, where a
+    cryptographic hash takes 0.5-1 ms).
+    """
+    if not _digest_buffers:
+        _digest_buffers.append(np.arange(1, 2 * _DIGEST_LANES, 2, dtype=np.uint64))
+        _digest_buffers.append(np.empty(_DIGEST_LANES, dtype=np.uint64))
+    weights, scratch = _digest_buffers
+    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    n = raw.size // 8
+    lanes = raw[:n * 8].view(np.uint64)
+    total = weighted = 0
+    for start in range(0, n, _DIGEST_LANES):
+        part = lanes[start:start + _DIGEST_LANES]
+        k = part.size
+        part_sum = int(part.sum(dtype=np.uint64))
+        # lane start + j has weight 2 (start + j) + 1 = weights[j] + 2 start
+        total += part_sum
+        weighted += int(np.multiply(part, weights[:k], out=scratch[:k]).sum(dtype=np.uint64))
+        weighted += 2 * start * part_sum
+    tail = raw[n * 8:].tobytes()
+    if tail:
+        last = int.from_bytes(tail, "little")
+        total += last
+        weighted += (2 * n + 1) * last
+    mask = (1 << 64) - 1
+    return total & mask, weighted & mask
+
+
 def check_same_data(fn: str, data: np.ndarray, placement) -> None:
-    """Debug mode, several processes: check that every rank of ``placement`` passed the same
-    ``data`` (hashes are all-gathered); raise ``ValueError`` on every rank otherwise."""
+    """Under mpiexec (unless :func:`check_tensor_data` turned it off): check that every rank
+    of ``placement`` passed the same ``data`` (shape, dtype and values), with one all-reduce
+    of a 32-byte digest; raise ``ValueError`` on every rank of the placement otherwise."""
     from . import runtime
+    from .sbp import ReduceOp
     w = runtime.world()
-    if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_consistency:
+    if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_tensor_data:
         return
     me = w.held_ranks[0]
     group = tuple(sorted(placement.rank_list))
     if me not in group or len(group) == 1:
         return
-    arr = np.ascontiguousarray(data)
-    mine = (tuple(arr.shape), str(arr.dtype),
-            hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest())
-    listing = w.comm.all_gather_object(group, {me: mine})[me]
+    arr = np.asarray(data)
+    total, weighted = _data_digest(arr)
+    total ^= hash((arr.shape, arr.dtype.num)) & ((1 << 64) - 1)  # ints only: the same everywhere
+    mine = np.array([total, weighted], dtype=np.uint64).view(np.int64)
+    # the maximum of the digest and of its complement (= -1 - minimum): equal iff all agree
+    seen = w.comm.all_reduce(group, {me: np.concatenate([mine, ~mine])}, ReduceOp.MAX)[me]
+    if np.array_equal(seen[:2], mine) and np.array_equal(seen[2:], ~mine):
+        return
+    # some rank differs, and every rank of the group knows it: find out which ones
+    mine_text = (tuple(arr.shape), str(arr.dtype), f"{total:016x}{weighted:016x}")
+    listing = w.comm.all_gather_object(group, {me: mine_text})[me]
     reference = listing[0]
     differ = [r for r, m in zip(group, listing) if m != reference]
-    if differ:
-        seen = "; ".join(f"rank {r}: shape {s} {d} hash {h[:8]}"
-                         for r, (s, d, h) in zip(group, listing))
-        raise ValueError(f"{fn}: argument 'data' must be the same full logical value on every "
-                         f"rank of the placement, but ranks {differ} passed data different "
-                         f"from rank {group[0]}'s ({seen}); build it identically on every rank "
-                         f"(same seed, nothing rank-dependent), or pass each rank's own shard "
-                         f"to ct.from_local")
+    seen_text = "; ".join(f"rank {r}: shape {s} {d}, digest {h[:8]}"
+                          for r, (s, d, h) in zip(group, listing))
+    every = ", every rank's differs" if len(set(listing)) == len(group) > 2 else ""
+    raise ValueError(
+        f"{fn}: argument 'data' must be the same full logical value on every rank of the "
+        f"placement, but ranks {differ} passed data different from rank {group[0]}'s"
+        f"{every} ({seen_text}). Build it identically on every rank: seed every "
+        f"random generator alike (np.random.default_rng(0); an unseeded np.random call gives "
+        f"each rank different numbers) and make nothing depend on the rank; or pass each "
+        f"rank's own shard to ct.from_local.")
 
 
 # ----------------------------------------------------------------------------- picture

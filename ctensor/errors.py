@@ -16,12 +16,23 @@ class CollectiveError(RuntimeError):
 class DivergenceError(CollectiveError):
     """Ranks reached different collectives (different op, shapes, SBP or sequence number).
 
-    Raised in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`) on
-    every rank that compared the fingerprints, naming what each rank was doing.
+    Always checked with one tiny all-reduce of a 64-bit digest before each collective's
+    data moves, so ranks that disagree raise it on every member instead of exchanging
+    garbage; in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`)
+    also for ranks that reached collectives of different groups. The message names what
+    each rank was doing.
     """
 
 
 class CommTimeoutError(CollectiveError):
-    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 300) for other
+    """A collective waited longer than ``CTENSOR_TIMEOUT`` seconds (default 60) for other
     ranks; the message names the op, the ranks it waited for and, where they answered,
-    what those ranks were doing instead."""
+    what those ranks were doing instead, and says how to turn on ``CTENSOR_DEBUG=1`` and
+    how to raise ``CTENSOR_TIMEOUT``."""
+
+
+class RankExitedError(CollectiveError):
+    """A rank that this rank waits for in a collective has finished its script instead
+    (reached its end, returned from ``main`` or called ``sys.exit``). Raised within about
+    a second of that rank's exit; the message names the rank, where it left and what this
+    rank was waiting in."""

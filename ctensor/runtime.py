@@ -85,10 +85,11 @@ def _base_world() -> World:
     global _base
     if _base is None:
         if launched_by_mpi():
-            from .comm.mpi import MPICommunicator, install_excepthook
+            from .comm.mpi import MPICommunicator, install_excepthook, install_exit_handler
             comm = MPICommunicator()  # reads CTENSOR_DEBUG and CTENSOR_TIMEOUT
-            if comm.size > 1:  # an uncaught exception on one rank aborts the whole job
-                install_excepthook(comm.world, comm.watchdog)
+            if comm.size > 1:  # an uncaught exception on one rank aborts the whole job, and
+                install_excepthook(comm.world, comm.watchdog)  # a rank that leaves early
+                install_exit_handler(comm)                     # fails those waiting for it
             _base = World(Mode.MPI if comm.size > 1 else Mode.SINGLE, comm)
         else:
             _base = World(Mode.SINGLE, SimulatedCommunicator(1))

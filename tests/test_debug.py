@@ -201,4 +201,5 @@ def test_tensor_checks_every_rank_passed_the_same_data():
                 ct.tensor(data, placement=p)
         else:
             ct.tensor(data, placement=p)
-    ct.tensor(data, placement=p)                          # not checked outside debug mode
+    with ct.debug.check_tensor_data(False):              # checked unless switched off
+        ct.tensor(data, placement=p)

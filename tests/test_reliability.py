@@ -1,12 +1,17 @@
-"""No hangs: timed waits, fingerprints, abort on an uncaught exception.
+"""No hangs and no garbage: timed waits, the guard, fingerprints, leaving, aborting.
 
-* Under ``mpiexec -n 2`` (subprocesses, each bounded by a 60 s timeout): a rank that skips a
-  ``to_global`` gives ``DivergenceError`` on both ranks in debug mode and
-  ``CommTimeoutError`` without it; a rank that raises aborts the job in seconds; a pytest run
-  where one rank's assertion fails ends. These spawn mpiexec themselves, so they are skipped
-  when the suite already runs under mpiexec.
-* The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers) on a
-  fake in-memory network of two ranks in threads, so it runs in every mode.
+* Under ``mpiexec -n 2`` / ``-n 3`` (subprocesses, each bounded by a 60 s timeout): a rank
+  that skips a ``to_global`` gives ``DivergenceError`` on both ranks, with or without debug
+  mode; ranks in collectives of different groups time out with advice; a rank that raises
+  aborts the job in seconds; a rank that leaves early (``sys.exit(0)``, ``sys.exit(3)``, a
+  return from ``main``) fails the ranks waiting for it within seconds, while ranks that all
+  finish leave cleanly; a pytest run where one rank's assertion fails ends. These spawn
+  mpiexec themselves, so they are skipped when the suite already runs under mpiexec.
+* Under the mpiexec runs of the whole suite (``tests/test_mpi.py``): ranks that disagree on
+  shapes or on the kind of collective, and ``ct.tensor`` data that differ between ranks,
+  raise on every rank without debug mode (skipped in simulation, where nothing can differ).
+* The watchdog's logic (fingerprint comparison, timeouts, "what are you doing?" answers,
+  leaving) on a fake in-memory network of two ranks in threads, so it runs in every mode.
 """
 from __future__ import annotations
 
@@ -22,12 +27,19 @@ import numpy as np
 import pytest
 
 import ctensor as ct
+from ctensor import debug, runtime
 from ctensor.comm import watchdog as wd
 from conftest import MPI_MODE
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "tests" / "mpi_scripts"
 needs_launcher = pytest.mark.skipif(MPI_MODE, reason="spawns mpiexec itself")
+S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
+
+
+def multi_process() -> bool:
+    """Whether ranks live in different processes (mpiexec with more than one rank)."""
+    return runtime.world().mode is runtime.Mode.MPI
 
 
 def _mpiexec() -> str:
@@ -62,15 +74,33 @@ def test_skipped_to_global_is_a_divergence_error_on_both_ranks_in_debug_mode():
 
 
 @needs_launcher
-def test_skipped_to_global_times_out_without_debug_mode():
-    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_TIMEOUT="3")
+def test_skipped_to_global_is_a_divergence_error_on_both_ranks_without_debug_mode():
+    """The guard: rank 0's all-gather meets rank 1's sends on the same group; both ranks
+    raise at once (not at CTENSOR_TIMEOUT), each saying what both were doing."""
+    proc, elapsed = run_mpi([SCRIPTS / "skip_to_global.py"], CTENSOR_TIMEOUT="30")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 20, out
+    for rank in (0, 1):
+        assert out.count(f"[rank {rank}] ctensor.errors.DivergenceError") == 1, out
+    assert "rank 0: collective #2 on ranks [0, 1]: all_gather" in out, out
+    assert "rank 1: collective #2 on ranks [0, 1]: send_recv" in out, out
+    assert "finished without an error" not in out
+
+
+@needs_launcher
+def test_collectives_of_different_groups_time_out_saying_what_to_do():
+    proc, elapsed = run_mpi([SCRIPTS / "other_group.py"], CTENSOR_TIMEOUT="3")
     out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
     assert proc.returncode != 0, out
     assert elapsed < 30, out
     assert "[rank 0] ctensor.errors.CommTimeoutError" in out, out
     # rank 0's message names the op, the rank it waited for, and that rank's answer
     assert "all_gather" in out and "the ranks [1] did not complete it" in out, out
-    assert "send_recv" in out, out
+    assert "rank 1: collective #1 on ranks [1, 0]: all_gather" in out, out
+    # and says how to see more, and how to give slow ranks more time
+    assert "CTENSOR_DEBUG=1 mpiexec -n 2 python script.py" in out, out
+    assert "CTENSOR_TIMEOUT=600" in out, out
     assert "finished without an error" not in out
 
 
@@ -107,6 +137,149 @@ def test_failing_assertion_on_one_rank_ends_the_pytest_run(tmp_path):
     assert "[rank 1] FAILED" in out and "rank 1 fails on purpose" in out, out
 
 
+@needs_launcher
+@pytest.mark.parametrize("how, nprocs", [("exit0", 2), ("exit3", 3), ("return", 3)])
+def test_rank_that_leaves_early_fails_the_ranks_waiting_for_it(how, nprocs):
+    """The last rank leaves (sys.exit(0), sys.exit(3), a return from main) after a first
+    collective; each other rank raises RankExitedError within seconds (CTENSOR_TIMEOUT is
+    30 s), printed once, naming the rank that left, where it left and what it waits in."""
+    proc, elapsed = run_mpi([SCRIPTS / "leave_early.py", how], nprocs, CTENSOR_TIMEOUT="30")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0, out
+    assert elapsed < 20, out
+    last = nprocs - 1
+    for rank in range(last):
+        assert out.count(f"[rank {rank}] ctensor.errors.RankExitedError: rank {rank} waits in "
+                         f"collective #3 on ranks {list(range(nprocs))}: all_to_all") == 1, out
+        assert out.count(f"[rank {rank}] uncaught exception") == 1, out
+    assert f"but rank {last} left and will never join it" in out, out
+    assert (f"rank {last} finished its script (reached its end, returned or called sys.exit) "
+            f"after collective #2 on ranks {list(range(nprocs))}: all_gather") in out, out
+    assert f"[rank {last}]" not in out and "finished with" not in out, out
+
+
+@needs_launcher
+@pytest.mark.parametrize("nprocs", [2, 3])
+def test_ranks_that_all_finish_leave_cleanly(nprocs):
+    proc, elapsed = run_mpi([SCRIPTS / "leave_early.py", "normal"], nprocs)
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode == 0, out
+    assert elapsed < 20, out
+    # every rank's line and nothing else: no warning, no MPI noise at finalize
+    assert sorted(proc.stdout.splitlines()) == [f"rank {r} finished with 66"
+                                                for r in range(nprocs)], out
+
+
+# ----------------------------------------------------------------------------- real ranks
+def require_ranks() -> None:
+    if not multi_process():
+        pytest.skip("needs ranks in different processes: runs in the mpiexec runs of the suite")
+
+
+def test_ranks_with_different_shapes_raise_on_every_rank_instead_of_exchanging_garbage():
+    """Without debug mode: odd ranks think the tensor has 5 rows, even ranks 4, so they
+    compute different all-gather counts; the guard raises on every rank before data moves
+    (no uninitialised memory in .numpy()), and the world stays usable."""
+    require_ranks()
+    assert not ct.debug.consistency_checks_enabled()
+    p = ct.placement.all()
+    x = ct.zeros(4 + ct.rank() % 2, 3, placement=p, sbp=S0)
+    with pytest.raises(ct.DivergenceError, match="reached different collectives") as info:
+        x.to_global(sbp=B)
+    text = str(info.value)
+    assert "(4, 3)" in text and "(5, 3)" in text and "all_gather" in text, text
+    value = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(ct.tensor(value, sbp=S0).to_global(sbp=B).numpy(), value)
+
+
+def test_all_gather_meeting_all_reduce_raises_on_every_rank_instead_of_mixing_data():
+    require_ranks()
+    value = np.arange(24.0).reshape(4, 6)
+    split, partial = ct.tensor(value, sbp=S0), ct.tensor(value, sbp=P)
+    with pytest.raises(ct.DivergenceError) as info:
+        (split if ct.rank() == 0 else partial).to_global(sbp=B)
+    text = str(info.value)
+    assert "rank 0: collective" in text and "all_gather" in text and "all_reduce" in text, text
+    np.testing.assert_array_equal(partial.to_global(sbp=B).numpy(), value)
+
+
+def test_guard_falls_back_to_iallreduce_without_persistent_collectives():
+    """An MPI library before MPI-4 has no Allreduce_init: the guard then posts an
+    Iallreduce per collective, with the same answer on every rank."""
+    require_ranks()
+    from mpi4py import MPI
+    from ctensor.comm import mpi as cm
+
+    class WithoutPersistent:
+        def __init__(self, comm):
+            self.comm = comm
+
+        def Dup(self):
+            return WithoutPersistent(self.comm.Dup())
+
+        def Allreduce_init(self, *args, **kwargs):
+            raise NotImplementedError("MPI-4")
+
+        def Iallreduce(self, *args, **kwargs):
+            return self.comm.Iallreduce(*args, **kwargs)
+
+    channel = cm._Channel(MPI, WithoutPersistent(MPI.COMM_WORLD), [])
+    try:
+        agreed = []
+        for digest in (5, 5 + ct.rank()):  # the same on every rank, then not
+            channel.start_guard(digest).Wait()
+            agreed.append(channel.agreed())
+        assert agreed == [True, False]
+    finally:
+        channel.guard.comm.Free()
+
+
+def test_tensor_with_different_data_on_the_ranks_raises_on_every_rank():
+    """ct.tensor checks by default (no debug mode) that every rank passed the same data."""
+    require_ranks()
+    p = ct.placement.all()
+    others = list(range(1, ct.world_size()))
+    drawn = np.random.default_rng(ct.rank()).standard_normal(6)   # as if unseeded
+    with pytest.raises(ValueError) as info:
+        ct.tensor(drawn, placement=p)
+    text = str(info.value)
+    assert text.startswith("tensor: argument 'data' must be the same full logical value")
+    assert f"ranks {others} passed data different from rank 0's" in text, text
+    assert "unseeded np.random" in text and "ct.from_local" in text, text
+    # one value differing on rank 1 only names rank 1; another shape is caught too
+    one = np.arange(6.0)
+    one[3] += ct.rank() == 1
+    with pytest.raises(ValueError, match=r"ranks \[1\] passed data different"):
+        ct.tensor(one, placement=p)
+    with pytest.raises(ValueError, match=r"shape \(7,\)"):
+        ct.tensor(np.zeros(6 + (ct.rank() == 1)), placement=p)
+    assert ct.tensor(np.arange(6.0), placement=p, sbp=S0).numpy().tolist() == list(range(6))
+    with ct.debug.check_tensor_data(False):   # the documented switch
+        ct.tensor(drawn, placement=p)
+
+
+def test_data_digest_is_two_sums_over_uint64_lanes(monkeypatch):
+    """The digest against its definition (Python integers), chunked in lanes of 4 here; it
+    tells apart a changed value, a swap and a changed tail byte."""
+    monkeypatch.setattr(debug, "_DIGEST_LANES", 4)
+    monkeypatch.setattr(debug, "_digest_buffers", [])
+
+    def reference(arr):
+        raw = np.ascontiguousarray(arr).tobytes()
+        raw += b"\0" * (-len(raw) % 8)
+        lanes = [int.from_bytes(raw[i:i + 8], "little") for i in range(0, len(raw), 8)]
+        return (sum(lanes) % 2**64, sum((2 * i + 1) * v for i, v in enumerate(lanes)) % 2**64)
+
+    data = np.random.default_rng(0).standard_normal(11).astype(np.float32)  # 5.5 lanes
+    assert debug._data_digest(data) == reference(data)
+    swapped = data.copy()
+    swapped[[0, 9]] = swapped[[9, 0]]
+    changed = data.copy()
+    changed[10] = 0.5
+    digests = {debug._data_digest(a) for a in (data, swapped, changed, data[:10])}
+    assert len(digests) == 4
+
+
 # ----------------------------------------------------------------------------- fake network
 class _Request:
     def __init__(self, test=lambda: True):
@@ -116,8 +289,12 @@ class _Request:
         self._done = self._done or self._test()
         return self._done
 
-    def Cancel(self) -> None:
-        self._test = lambda: False
+    def Cancel(self) -> None:  # a cancelled request completes (receiving nothing)
+        self._test, self._done = (lambda: False), True
+
+    def Wait(self) -> None:
+        while not self.Test():
+            time.sleep(1e-4)
 
 
 class _Status:
@@ -156,6 +333,9 @@ class _World:
 
     def Get_rank(self) -> int:
         return self.rank
+
+    def Get_size(self) -> int:
+        return 2
 
     def Isend(self, spec, dest, tag):
         with self.net.lock:
@@ -290,6 +470,34 @@ def test_wait_times_out_naming_op_and_ranks(fast):
     text = str(info.value)
     assert "waited 0.1 s" in text and "softmax" in text and "ranks [1]" in text
     assert "rank 1: no answer" in text
+    # the first error a user sees says how to see more and how to wait longer
+    assert "rerun with CTENSOR_DEBUG=1" in text and "CTENSOR_TIMEOUT=600" in text
+
+
+def test_rank_that_left_fails_a_wait_for_it_within_a_second(fast):
+    """Rank 1 leaves (its exit handler); rank 0, waiting for it in a collective that never
+    completes, raises RankExitedError naming rank 1 and where it left, long before its
+    timeout; rank 1 keeps waiting for rank 0's notice and gives up at its own timeout."""
+    net = _Net()
+    leaving = _watchdog(net, 1, timeout=1.0)
+    leaving.last = _call(seq=4, op="matmul")
+    start = time.monotonic()
+    exc, left_in_time = _in_threads(
+        lambda: _watchdog(net, 0, timeout=20).wait([_Request(lambda: False)],
+                                                   _call(seq=5, op="softmax"), [1]),
+        lambda: leaving.leave(2))
+    assert time.monotonic() - start < 5
+    assert isinstance(exc, ct.RankExitedError), exc
+    text = str(exc)
+    assert "rank 0 waits in collective #5" in text and "softmax" in text, text
+    assert "rank 1 left" in text and "after collective #4" in text and "matmul" in text, text
+    assert left_in_time is False
+
+
+def test_ranks_that_all_leave_wait_for_each_other(fast):
+    net = _Net()
+    assert _in_threads(lambda: _watchdog(net, 0).leave(2),
+                       lambda: _watchdog(net, 1).leave(2)) == [True, True]
 
 
 def test_wait_returns_when_requests_complete(fast):
@@ -309,7 +517,7 @@ def test_records_have_a_fixed_size_and_round_trip():
 
 def test_environment_settings(monkeypatch):
     monkeypatch.delenv("CTENSOR_TIMEOUT", raising=False)
-    assert wd.env_timeout() == wd.DEFAULT_TIMEOUT
+    assert wd.env_timeout() == wd.DEFAULT_TIMEOUT == 60.0
     monkeypatch.setenv("CTENSOR_TIMEOUT", "2.5")
     assert wd.env_timeout() == 2.5
     for bad in ("0", "-1", "soon"):

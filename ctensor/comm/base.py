@@ -66,6 +66,9 @@ class Communicator(ABC):
     #: debug mode: compare a fingerprint of every collective across its members first
     #: (meaningful where ranks live in different processes; see ``watchdog.py``)
     check_consistency: bool = False
+    #: ``ct.tensor`` checks that every rank passed the same data (meaningful where ranks live
+    #: in different processes; see :func:`ctensor.debug.check_tensor_data`)
+    check_tensor_data: bool = True
 
     def holds(self, rank: int) -> bool:
         return rank in self.held_ranks

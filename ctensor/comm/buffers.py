@@ -12,6 +12,7 @@ back, and the pool holds at most ``max_bytes`` of idle buffers.
 """
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
@@ -30,7 +31,8 @@ class BufferPool:
     def empty(self, shape, dtype) -> np.ndarray:
         """An uninitialised C-contiguous array, backed by a pooled buffer when large."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        count = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
+        nbytes = count * dtype.itemsize
         if nbytes < MIN_BYTES:
             return np.empty(shape, dtype=dtype)
         raw = self._take(nbytes)

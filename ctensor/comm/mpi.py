@@ -10,10 +10,27 @@ Every collective is the *nonblocking* MPI call completed by a :class:`Watchdog` 
 so no rank waits forever: after ``CTENSOR_TIMEOUT`` seconds it raises
 :class:`~ctensor.errors.CommTimeoutError`, and in debug mode mismatched collectives raise
 :class:`~ctensor.errors.DivergenceError` before any data moves (see ``watchdog.py``).
-:func:`install_excepthook` makes an uncaught exception on one rank abort the whole job.
+
+**The guard.** Before its data moves, every collective all-reduces (MAX) a 64-bit digest
+of what this rank is about to run — per-group sequence number, collective, dtype, part
+sizes and the shapes that must match — together with its complement, on a communicator
+of its own (a persistent request where the MPI library has them: ~3 us per collective on
+2 ranks, invisible next to a large transfer).
+Every member gets the same maximum and minimum, so either all of them go on to the data
+collective or all of them raise :class:`~ctensor.errors.DivergenceError` (after exchanging
+their full fingerprints, so the message says what each rank runs). Ranks that disagree on
+shapes, skip a collective or run another kind of collective on the same group thus never
+exchange garbage, with or without debug mode; and since the data collective is posted
+only after the digests agree, the world stays consistent.
+
+:func:`install_excepthook` makes an uncaught exception on one rank abort the whole job;
+:func:`install_exit_handler` makes a rank that leaves early fail the ranks waiting for it
+(see :meth:`Watchdog.leave`).
 """
 from __future__ import annotations
 
+import atexit
+import math
 import pickle
 import sys
 import time
@@ -45,6 +62,71 @@ def _bytes(arr: np.ndarray) -> np.ndarray:
     return contiguous(arr).reshape(-1).view(np.uint8)
 
 
+#: integer codes of what the guard digests: Python hashes ints and tuples of ints alike in
+#: every process (of one Python version), while it salts the hashes of strings per process
+_KIND = {name: i for i, name in enumerate(("all_reduce", "all_gather", "reduce_scatter",
+                                           "all_to_all", "send_recv", "all_gather_object",
+                                           "barrier"), 1)}
+_REDUCTION = {ReduceOp.SUM: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
+_dtype_names: dict = {}  # str(dtype) takes microseconds; every collective names its dtype
+
+
+def _dtype_name(buf) -> str:
+    dtype = getattr(buf, "dtype", None)
+    if dtype is None:
+        return ""
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype)
+    return name
+
+
+def _without(shape: tuple, *dims: int) -> tuple:
+    """``shape`` with ``dims`` left out (the dims whose length may differ between members)."""
+    return tuple(n for d, n in enumerate(shape) if d not in dims)
+
+
+class _Channel:
+    """The communicators of one group: ``data`` for its collectives, ``guard`` for the digest
+    all-reduce before each of them (its own communicator, so the two never interleave)."""
+
+    __slots__ = ("data", "guard", "peers", "mine", "seen", "_request", "_MPI")
+
+    def __init__(self, MPI, data, peers: list):
+        self._MPI = MPI
+        self.data = data
+        self.guard = data.Dup()
+        self.peers = peers
+        self.mine = np.zeros(2, dtype=np.int64)
+        self.seen = np.zeros(2, dtype=np.int64)
+        # an MPI-4 persistent collective, set up once and started per collective; an MPI
+        # library older than MPI-4 (Open MPI 4, MPICH 3) lacks it: start_guard then posts
+        # a plain Iallreduce each time
+        try:
+            self._request = self.guard.Allreduce_init(self.mine, self.seen, op=MPI.MAX)
+        except (NotImplementedError, MPI.Exception):
+            self._request = None
+
+    def start_guard(self, digest: int):
+        """Start the all-reduce of ``(digest, ~digest)``; agreed when :meth:`agreed`."""
+        self.mine[0], self.mine[1] = digest, ~digest
+        if self._request is None:
+            return self.guard.Iallreduce(self.mine, self.seen, op=self._MPI.MAX)
+        self._request.Start()
+        return self._request
+
+    def agreed(self) -> bool:
+        """Every member's digest equals this one's: the maximum of ``digest`` and of
+        ``~digest`` (``-min(digest) - 1``) are both this rank's own."""
+        return bool(self.seen[0] == self.mine[0] and self.seen[1] == self.mine[1])
+
+    def free(self) -> None:
+        """Release the persistent request (MPICH reports unfreed ones at finalize)."""
+        if self._request is not None and self._request.Test():
+            self._request.Free()
+            self._request = None
+
+
 def _prefix(counts):
     displs, total = [], 0
     for c in counts:
@@ -57,7 +139,7 @@ class MPICommunicator(Communicator):
     """Wraps ``MPI.COMM_WORLD``; this process holds exactly its own rank.
 
     ``check_consistency`` (default: ``CTENSOR_DEBUG``) turns on the fingerprint exchange
-    before every collective; ``timeout`` (default: ``CTENSOR_TIMEOUT``, 300 s) bounds every
+    before every collective; ``timeout`` (default: ``CTENSOR_TIMEOUT``, 60 s) bounds every
     wait.
     """
 
@@ -70,7 +152,7 @@ class MPICommunicator(Communicator):
         self.rank = self.world.Get_rank()
         self.held_ranks = (self.rank,)
         self._pool = BufferPool()  # receive buffers, reused across steps
-        self._groups: dict[Group, Any] = {}
+        self._channels: dict[Group, _Channel] = {}
         self._seq: dict[Group, int] = {}
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
         self.watchdog = Watchdog(MPI, self.world, env_timeout() if timeout is None else timeout,
@@ -86,22 +168,23 @@ class MPICommunicator(Communicator):
         self.watchdog.check = bool(enabled)
 
     # ------------------------------------------------------------------ groups
-    def _comm(self, group: Group, call: Call):
-        """The sub-communicator of ``group`` (its rank i is ``group[i]``); cached."""
-        comm = self._groups.get(group)
-        if comm is None:
+    def _channel(self, group: Group, call: Call) -> _Channel:
+        """The communicators of ``group`` (their rank i is ``group[i]``); made once."""
+        channel = self._channels.get(group)
+        if channel is None:
+            # Create_group and Dup block with no timeout: meet the members (timed) first
+            self.watchdog.handshake(group, call)
             if group == tuple(range(self.size)):
                 comm = self.world
             else:
-                # Create_group blocks with no timeout: meet the members (timed) first
-                self.watchdog.handshake(group, call)
                 world_group = self.world.Get_group()
                 sub = world_group.Incl(list(group))
                 comm = self.world.Create_group(sub, tag=7)
                 sub.Free()
                 world_group.Free()
-            self._groups[group] = comm
-        return comm
+            channel = _Channel(self._MPI, comm, [g for g in group if g != self.rank])
+            self._channels[group] = channel
+        return channel
 
     def _op(self, op: ReduceOp, dtype: np.dtype):
         """The MPI reduction; bools reduce logically (sum and max are 'or', min is 'and')."""
@@ -116,32 +199,42 @@ class MPICommunicator(Communicator):
         return bufs[self.rank]
 
     def _begin(self, collective: str, group: Group, buf, args: tuple = (),
-               same_shape: bool = False) -> Call:
-        """Count the call on its group, say what this rank is doing and, in debug mode,
-        compare fingerprints with the other members (raises before any data moves)."""
+               same_shape: bool = False, guard: tuple = ()) -> tuple[Call, _Channel]:
+        """Count the call on its group, say what this rank is doing, in debug mode compare
+        fingerprints with the other members, and run the guard (module docstring): raises
+        before any data moves if the members disagree on ``guard``."""
         seq = self._seq.get(group, 0) + 1
         self._seq[group] = seq
         op, step = debug.current_context()
         call = Call(seq, collective, group, op, step, tuple(getattr(buf, "shape", ())),
-                    str(getattr(buf, "dtype", "")), args, same_shape)
-        self.watchdog.doing = call
-        if self.watchdog.check:
-            self.watchdog.verify(call, group)
-        return call
+                    _dtype_name(buf), args, same_shape, guard)
+        watchdog = self.watchdog
+        watchdog.doing = call
+        if watchdog.check:
+            watchdog.verify(call, group)
+        channel = self._channel(group, call)
+        request = channel.start_guard(hash((seq, _KIND[collective], guard)))
+        watchdog.wait([request], call, channel.peers)
+        if not channel.agreed():
+            watchdog.disagree(call, group)
+        return call, channel
 
-    def _finish(self, requests: list, call: Call, group: Group) -> None:
-        self.watchdog.wait(requests, call, [g for g in group if g != self.rank])
-        self.watchdog.doing = None
+    def _finish(self, requests: list, call: Call, channel: _Channel) -> None:
+        watchdog = self.watchdog
+        watchdog.wait(requests, call, channel.peers)
+        watchdog.doing = None
+        watchdog.last = call
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, group, bufs, op):
         buf = contiguous(self._mine(group, bufs))
         if len(group) == 1:
             return {self.rank: buf.copy()}
-        call = self._begin("all_reduce", group, buf, (op.value,), same_shape=True)
+        call, channel = self._begin("all_reduce", group, buf, (op.value,), same_shape=True,
+                                    guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
         out = self._pool.empty(buf.shape, buf.dtype)
-        req = self._comm(group, call).Iallreduce(buf, out, op=self._op(op, buf.dtype))
-        self._finish([req], call, group)
+        req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
+        self._finish([req], call, channel)
         return {self.rank: out}
 
     def all_gather(self, group, bufs, dim, sizes):
@@ -152,45 +245,53 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             out[...] = moved
         else:
-            call = self._begin("all_gather", group, buf, (f"dim {dim}", f"sizes {list(sizes)}"))
-            row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
+            call, channel = self._begin("all_gather", group, buf,
+                                        (f"dim {dim}", f"sizes {list(sizes)}"),
+                                        guard=(dim, tuple(sizes), buf.dtype.num,
+                                               moved.shape[1:]))
+            row = math.prod(moved.shape[1:]) * buf.dtype.itemsize
             displs, _ = _prefix(sizes)
             send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
-            comm = self._comm(group, call)
+            comm = channel.data
             if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
                 req = comm.Iallgather([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
             else:
                 req = comm.Iallgatherv([send, self._MPI.BYTE],
                                        [recv, [n * row for n in sizes],
                                         [d * row for d in displs], self._MPI.BYTE])
-            self._finish([req], call, group)
+            self._finish([req], call, channel)
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
         buf = self._mine(group, bufs)
         moved = contiguous(np.moveaxis(buf, dim, 0) if dim else buf)
-        row = int(np.prod(moved.shape[1:], dtype=np.int64))
+        row = math.prod(moved.shape[1:])
         me = group.index(self.rank)
         out = self._pool.empty((sizes[me],) + moved.shape[1:], buf.dtype)
         if len(group) == 1:
             out[...] = moved
         else:
-            call = self._begin("reduce_scatter", group, buf,
-                               (op.value, f"dim {dim}", f"sizes {list(sizes)}"), same_shape=True)
-            comm, mpi_op = self._comm(group, call), self._op(op, buf.dtype)
+            call, channel = self._begin("reduce_scatter", group, buf,
+                                        (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
+                                        same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
+                                                                buf.dtype.num, buf.shape))
+            comm, mpi_op = channel.data, self._op(op, buf.dtype)
             # always the v variant: MPICH's Ireduce_scatter_block is ~8x slower at 1 MiB
             # (measured on 2 ranks), while Ireduce_scatter matches the blocking call
             req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
-            self._finish([req], call, group)
+            self._finish([req], call, channel)
         return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         buf = self._mine(group, bufs)
         if len(group) == 1:
             return {self.rank: buf.copy()}
-        call = self._begin("all_to_all", group, buf,
-                           (f"split dim {split_dim} sizes {list(split_sizes)}",
-                            f"concat dim {concat_dim} sizes {list(concat_sizes)}"))
+        call, channel = self._begin("all_to_all", group, buf,
+                                    (f"split dim {split_dim} sizes {list(split_sizes)}",
+                                     f"concat dim {concat_dim} sizes {list(concat_sizes)}"),
+                                    guard=(split_dim, tuple(split_sizes), concat_dim,
+                                           tuple(concat_sizes), buf.dtype.num,
+                                           _without(buf.shape, concat_dim)))
         me = group.index(self.rank)
         itemsize = buf.dtype.itemsize
         # pack: part j (cut along split_dim) as one contiguous block in its natural layout;
@@ -207,8 +308,7 @@ class MPICommunicator(Communicator):
                 send[pos:pos + piece.nbytes].view(buf.dtype).reshape(piece.shape)[...] = piece
                 start += n
                 pos += piece.nbytes
-        other = int(np.prod([n for i, n in enumerate(buf.shape) if i != split_dim],
-                            dtype=np.int64))
+        other = math.prod(_without(buf.shape, split_dim))
         send_counts = [n * other * itemsize for n in split_sizes]
         # what member i sends me: buf's shape with split_dim = my part, concat_dim = its length
         recv_shapes = []
@@ -217,11 +317,11 @@ class MPICommunicator(Communicator):
             shape[split_dim] = split_sizes[me]
             shape[concat_dim] = n
             recv_shapes.append(tuple(shape))
-        recv_counts = [int(np.prod(s, dtype=np.int64)) * itemsize for s in recv_shapes]
+        recv_counts = [math.prod(s) * itemsize for s in recv_shapes]
         sdispls, _ = _prefix(send_counts)
         rdispls, rtotal = _prefix(recv_counts)
         recv = self._pool.empty(rtotal, np.uint8)
-        comm = self._comm(group, call)
+        comm = channel.data
         # even parts: Alltoall beats Alltoallv. Decide from the group-wide sizes, never from
         # this rank's own counts: a rank whose counts happen to be all equal (all empty, say)
         # must not pick a different collective from the others
@@ -230,7 +330,7 @@ class MPICommunicator(Communicator):
         else:
             req = comm.Ialltoallv([send, send_counts, sdispls, self._MPI.BYTE],
                                   [recv, recv_counts, rdispls, self._MPI.BYTE])
-        self._finish([req], call, group)
+        self._finish([req], call, channel)
         if concat_dim == 0:  # received blocks already lie in final order
             shape = list(recv_shapes[0])
             shape[0] = sum(concat_sizes)
@@ -249,8 +349,10 @@ class MPICommunicator(Communicator):
         if self.rank not in members:
             return received
         mine = [m for m in messages if m.src != m.dst and self.rank in (m.src, m.dst)]
-        call = self._begin("send_recv", members, None,
-                           (f"{len(messages)} messages",))
+        call, channel = self._begin("send_recv", members, None, (f"{len(messages)} messages",),
+                                    guard=tuple((m.src, m.dst, m.tag, m.shape,
+                                                 np.dtype(m.dtype).num)
+                                                for m in messages if m.src != m.dst))
         requests, keep, peers = [], [], set()
         for m in mine:
             if m.dst == self.rank:
@@ -269,6 +371,7 @@ class MPICommunicator(Communicator):
                     requests.append(self.world.Isend([data, MPI.BYTE], dest=m.dst, tag=m.tag))
         self.watchdog.wait(requests, call, sorted(peers))
         self.watchdog.doing = None
+        self.watchdog.last = call
         return received
 
     def all_gather_object(self, group, objs):
@@ -276,17 +379,17 @@ class MPICommunicator(Communicator):
         if len(group) == 1:
             return {self.rank: [obj]}
         MPI = self._MPI
-        call = self._begin("all_gather_object", group, None)
-        comm = self._comm(group, call)
+        call, channel = self._begin("all_gather_object", group, None)
+        comm = channel.data
         data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
         lengths = np.empty(len(group), dtype=np.int64)
         req = comm.Iallgather([np.array([data.size], dtype=np.int64), MPI.INT64_T],
                               [lengths, MPI.INT64_T])
-        self.watchdog.wait([req], call, [g for g in group if g != self.rank])
+        self.watchdog.wait([req], call, channel.peers)
         displs, total = _prefix(lengths.tolist())
         recv = np.empty(total, dtype=np.uint8)
         req = comm.Iallgatherv([data, MPI.BYTE], [recv, lengths.tolist(), displs, MPI.BYTE])
-        self._finish([req], call, group)
+        self._finish([req], call, channel)
         return {self.rank: [pickle.loads(recv[d:d + n].tobytes())
                             for d, n in zip(displs, lengths.tolist())]}
 
@@ -294,11 +397,21 @@ class MPICommunicator(Communicator):
         group = tuple(range(self.size))
         if self.size == 1:
             return
-        call = self._begin("barrier", group, None)
-        self._finish([self.world.Ibarrier()], call, group)
+        # the guard all-reduce is itself a barrier: it completes once every rank started it
+        call, channel = self._begin("barrier", group, None)
+        self._finish([], call, channel)
 
     def abort(self, code: int = 1) -> None:
         self.world.Abort(code)
+
+    def leave(self) -> None:
+        """This rank's script is over: tell the other ranks and wait for them (see
+        :meth:`Watchdog.leave`), then release the guards' persistent requests."""
+        if self._MPI.Is_finalized() or self.size == 1:
+            return
+        self.watchdog.leave(self.size)
+        for channel in self._channels.values():
+            channel.free()
 
 
 def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
@@ -337,3 +450,13 @@ def install_excepthook(comm=None, watchdog: Watchdog | None = None) -> None:
 
     hook._ctensor_abort = True  # type: ignore[attr-defined]
     sys.excepthook = hook
+
+
+def install_exit_handler(comm: MPICommunicator) -> None:
+    """Run :meth:`MPICommunicator.leave` when this rank's script ends (``sys.exit``, a return
+    from ``main``, the end of the file): the ranks still waiting for it in a collective then
+    raise :class:`~ctensor.errors.RankExitedError` within about a second, instead of at
+    their timeout. Python runs ``atexit`` handlers before mpi4py finalizes MPI. Installed
+    by the runtime with :func:`install_excepthook`; an abort skips it.
+    """
+    atexit.register(comm.leave)

@@ -41,7 +41,7 @@ __all__ = ["NCCLCommunicator", "cuda_communicator", "node_layout", "gather_plan"
            "Staging", "ID_TAG"]
 
 #: reserved MPI tag of the unique-id messages on the world communicator (boxing's exchanges
-#: use small tags; the watchdog reserves 32760..32763)
+#: use small tags; the watchdog reserves 32760..32764)
 ID_TAG = 32750
 #: fixed size of a unique-id message: 8-byte length, then the pickled (group, id)
 _ID_BYTES = 2048

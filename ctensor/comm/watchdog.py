@@ -7,10 +7,22 @@ nonblocking call and completed by :meth:`Watchdog.wait`, which
   then keeps testing while yielding the core until :data:`YIELD_SECONDS` (MPI progresses
   only inside MPI calls, so large transfers must be tested continuously), then sleeps
   with a doubling delay up to :data:`MAX_SLEEP_SECONDS` between tests;
-* while sleeping, answers other ranks' queries about what this rank is doing;
-* after ``CTENSOR_TIMEOUT`` seconds (default 300) asks the ranks it waits for what they are
+* while sleeping, answers other ranks' queries about what this rank is doing, and takes
+  the notices of ranks that left (below): if it waits for one of them it raises
+  :class:`~ctensor.errors.RankExitedError`;
+* after ``CTENSOR_TIMEOUT`` seconds (default 60) asks the ranks it waits for what they are
   doing and raises :class:`~ctensor.errors.CommTimeoutError` naming the op, the ranks and
   their answers, instead of waiting forever.
+
+**Leaving.** At the end of the script (an ``atexit`` handler, which runs before mpi4py
+finalizes MPI) :meth:`Watchdog.leave` sends every other rank a notice saying this rank
+leaves and after which collective, then waits (answering queries) for the same notice from
+every other rank. Ranks that all reach the end thus leave together, as ``MPI_Finalize``
+would make them anyway, while a rank that leaves early (``sys.exit``, a ``return`` from
+``main``, the end of the script) makes the ranks waiting for it fail within about a second
+instead of at their timeout. Ranks that merely finish early (not in a placement that is
+still busy) keep waiting without an error (for ``CTENSOR_TIMEOUT`` at most; then
+``MPI_Finalize`` waits for the others, as it always did).
 
 In debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`) a collective first
 exchanges a fixed-size fingerprint (:class:`Call`: per-group sequence number, collective,
@@ -36,10 +48,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import debug
-from ..errors import CommTimeoutError, DivergenceError
+from ..errors import CommTimeoutError, DivergenceError, RankExitedError
 
 __all__ = ["Call", "Watchdog", "env_timeout", "env_debug", "SPIN_SECONDS",
-           "MAX_SLEEP_SECONDS", "RECORD_BYTES", "DEFAULT_TIMEOUT", "DEBUG_TIMEOUT"]
+           "MAX_SLEEP_SECONDS", "RECORD_BYTES", "DEFAULT_TIMEOUT", "DEBUG_TIMEOUT",
+           "timeout_advice"]
 
 #: seconds a wait spins on ``Test`` alone (a small collective never pays a syscall)
 SPIN_SECONDS = 2e-4
@@ -49,8 +62,16 @@ SPIN_SECONDS = 2e-4
 YIELD_SECONDS = 1.0
 #: after that it sleeps between tests (a peer is late), doubling up to this many seconds
 MAX_SLEEP_SECONDS = 1e-3
-#: default of ``CTENSOR_TIMEOUT``
-DEFAULT_TIMEOUT = 300.0
+#: the same at exit, waiting for ranks that are still busy (no hurry; leave the cores free)
+EXIT_SLEEP_SECONDS = 2e-2
+#: default of ``CTENSOR_TIMEOUT``. One wait covers one collective from the moment this rank
+#: enters it: the transfer itself (a 1 GiB all-reduce takes ~20 s over 1 Gbit/s Ethernet,
+#: well under a second in shared memory) plus the other ranks' lateness (their first-time
+#: communicator creation, imports or compilation, a rank-0-only print or plot). Ranks that
+#: left or run different collectives on the same group no longer depend on it (they fail
+#: within about a second), so it only has to catch real hangs: a minute is a wait a user at
+#: a workstation can live with, and CTENSOR_TIMEOUT raises it for longer one-rank work.
+DEFAULT_TIMEOUT = 60.0
 #: default deadline of the fingerprint exchange in debug mode (capped by ``CTENSOR_TIMEOUT``)
 DEBUG_TIMEOUT = 20.0
 #: how long a rank that timed out waits for answers to its queries
@@ -63,13 +84,14 @@ FINGERPRINT_TAG = 32760
 QUERY_TAG = 32761
 ANSWER_TAG = 32762
 HANDSHAKE_TAG = 32763
+LEAVE_TAG = 32764
 
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def env_timeout() -> float:
-    """``CTENSOR_TIMEOUT`` in seconds (default 300); a bad value is a ``ValueError``."""
+    """``CTENSOR_TIMEOUT`` in seconds (default 60); a bad value is a ``ValueError``."""
     text = os.environ.get("CTENSOR_TIMEOUT", "").strip()
     if not text:
         return DEFAULT_TIMEOUT
@@ -95,7 +117,9 @@ class Call:
     ``args`` are the arguments every member passes alike (dims, part sizes, reduction);
     ``shape`` is this rank's buffer shape, compared across members only where the
     collective needs equal shapes (``same_shape``). ``step`` is the boxing step being run
-    (described only when a message or a fingerprint needs it).
+    (described only when a message or a fingerprint needs it). ``guard`` holds, as plain
+    ints, what the members must agree on for the data to fit (dtype, part sizes, the
+    shape outside the gathered dim): the always-on check all-reduces a digest of it.
     """
 
     seq: int
@@ -107,12 +131,13 @@ class Call:
     dtype: str
     args: tuple = ()
     same_shape: bool = False
+    guard: tuple = ()
 
     def key(self) -> str:
         """The rank-independent part: equal on every member of a consistent call."""
         shape = self.shape if self.same_shape else ()
         return (f"{self.seq}|{self.collective}|{self.group}|{self.op}|{self.step_text()}|"
-                f"{self.dtype}|{self.args}|{shape}")
+                f"{self.dtype}|{self.args}|{shape}|{self.guard}")
 
     def describe(self) -> str:
         """One line for error messages."""
@@ -152,6 +177,16 @@ def _answer_lines(answers: dict) -> list:
                                "collectives)") for r, text in answers.items()]
 
 
+def timeout_advice(size: int = 2) -> str:
+    """What to do after a timeout: see what each rank runs, or allow slow ranks more time."""
+    return ("To see which op each rank is at, rerun with CTENSOR_DEBUG=1 (for example "
+            f"CTENSOR_DEBUG=1 mpiexec -n {size} python script.py): every collective then first "
+            "compares what the ranks are about to run. If the ranks are only slow (work that "
+            "some ranks do alone, such as evaluating or saving on rank 0, or a first-time "
+            "compilation), raise the limit: CTENSOR_TIMEOUT=600 (seconds; default "
+            f"{DEFAULT_TIMEOUT:g}).")
+
+
 class Watchdog:
     """Timed waits and fingerprint checks of one MPI process (see the module docstring).
 
@@ -167,6 +202,12 @@ class Watchdog:
         self.check = bool(check)
         self.check_timeout = float(check_timeout)
         self.doing: Optional[Call] = None
+        #: the last collective this rank completed (named when it leaves)
+        self.last: Optional[Call] = None
+        #: what this rank answers when it is not inside a collective
+        self.idle = "not inside a ctensor collective"
+        #: ranks that left: {rank: their notice}
+        self.left: dict = {}
         self._inflight: list = []  # (buffer, request) of queries and answers being sent
         self._query_buf = np.zeros(1, dtype=np.int64)
 
@@ -174,37 +215,107 @@ class Watchdog:
     def wait(self, requests: Sequence, call: Call, waiting_for: Sequence[int],
              timeout: Optional[float] = None) -> None:
         """Complete ``requests`` or raise :class:`CommTimeoutError` after ``timeout`` s
-        (default ``CTENSOR_TIMEOUT``); ``waiting_for`` are the ranks named if it expires."""
-        if self._poll(requests, self.timeout if timeout is None else timeout):
+        (default ``CTENSOR_TIMEOUT``), or :class:`RankExitedError` as soon as one of the
+        ``waiting_for`` ranks is known to have left."""
+        limit = self.timeout if timeout is None else timeout
+        if self._poll(requests, limit, call, waiting_for):
             return
-        raise self._timeout_error(call, waiting_for, self.timeout if timeout is None else
-                                  timeout)
+        raise self._timeout_error(call, waiting_for, limit)
 
-    def _poll(self, requests: Sequence, timeout: float) -> bool:
-        """Test until every request completed (True) or ``timeout`` passed (False)."""
-        testall = self.MPI.Request.Testall
-        if testall(requests):
+    def _poll(self, requests: Sequence, timeout: float, call: Optional[Call] = None,
+              waiting_for: Sequence[int] = (), max_sleep: float = MAX_SLEEP_SECONDS) -> bool:
+        """Test until every request completed (True) or ``timeout`` passed (False); raise
+        :class:`RankExitedError` if one of the ``waiting_for`` ranks left meanwhile."""
+        if len(requests) == 1:
+            # one request: its own Test (MPICH's Testall misreports persistent collectives)
+            test = requests[0].Test
+        else:
+            testall = self.MPI.Request.Testall
+
+            def test() -> bool:
+                return testall(requests)
+        if test():
             return True
         now = time.perf_counter
         start = now()
         while now() - start < SPIN_SECONDS:
-            if testall(requests):
+            if test():
                 return True
+        if waiting_for:  # a wait longer than the spin: has a rank it needs already left?
+            self._check_left(call, waiting_for)
         yield_until = start + min(YIELD_SECONDS, timeout)
         while now() < yield_until:
-            if testall(requests):
+            if test():
                 return True
             _yield()
         deadline = start + timeout
         delay = MAX_SLEEP_SECONDS / 64
         while True:
             time.sleep(delay)
-            delay = min(2 * delay, MAX_SLEEP_SECONDS)
-            if testall(requests):
+            delay = min(2 * delay, max_sleep)
+            if test():
                 return True
             self.serve_queries()
+            if waiting_for:
+                self._check_left(call, waiting_for)
             if now() > deadline:
-                return testall(requests)
+                return test()
+
+    # ------------------------------------------------------------------ leaving
+    def _take_notices(self) -> None:
+        """Receive every notice of a rank that left into :attr:`left`."""
+        MPI = self.MPI
+        status = MPI.Status()
+        while self.world.Iprobe(source=MPI.ANY_SOURCE, tag=LEAVE_TAG, status=status):
+            source = status.Get_source()
+            buf = np.empty(RECORD_BYTES, dtype=np.uint8)
+            self.world.Recv([buf, MPI.BYTE], source=source, tag=LEAVE_TAG)
+            self.left[source] = _unpack(buf)[1]
+
+    def _check_left(self, call: Optional[Call], waiting_for: Sequence[int]) -> None:
+        self._take_notices()
+        gone = [r for r in waiting_for if r in self.left]
+        if not gone:
+            return
+        where = call.describe() if call is not None else "a collective"
+        lines = [f"rank {self.rank} waits in {where}, but rank{'s' if len(gone) > 1 else ''} "
+                 f"{', '.join(map(str, gone))} left and will never join it:"]
+        lines += [f"  {self.left[r]}" for r in gone]
+        lines.append("Every rank must run the same ctensor ops on the same global tensors: "
+                     "look for a sys.exit, return or break that only some ranks take before "
+                     "this op. The job cannot continue and will be aborted.")
+        raise RankExitedError("\n".join(lines))
+
+    def leave(self, size: int, timeout: Optional[float] = None) -> bool:
+        """The end of this rank's script: tell every other rank that it leaves (and after
+        which collective), then wait, answering queries, until each has said the same — at
+        most ``timeout`` s (default ``CTENSOR_TIMEOUT``; after that ``MPI_Finalize`` waits
+        as it always does). Returns whether every other rank said so in time."""
+        MPI = self.MPI
+        others = [r for r in range(size) if r != self.rank]
+        if not others:
+            return True
+        after = (f"after {self.last.describe()}" if self.last is not None else
+                 "before its first collective")
+        note = _pack(b"", f"rank {self.rank} finished its script (reached its end, returned "
+                          f"or called sys.exit) {after}")
+        self.doing = None
+        self.idle = "finished its script; waiting at exit for the other ranks to finish"
+        sends = [self.world.Isend([note, MPI.BYTE], dest=r, tag=LEAVE_TAG) for r in others]
+        self._take_notices()
+        bufs = {r: np.empty(RECORD_BYTES, dtype=np.uint8) for r in others if r not in self.left}
+        recvs = [self.world.Irecv([buf, MPI.BYTE], source=r, tag=LEAVE_TAG)
+                 for r, buf in bufs.items()]
+        if self._poll(recvs + sends, self.timeout if timeout is None else timeout,
+                      max_sleep=EXIT_SLEEP_SECONDS):
+            return True
+        for req in recvs:  # some rank is still busy (or finalized MPI itself): stop waiting
+            try:
+                req.Cancel()
+                req.Wait()  # a cancelled receive completes at once
+            except MPI.Exception:
+                pass
+        return False
 
     # ------------------------------------------------------------------ queries
     def serve_queries(self) -> None:
@@ -214,8 +325,7 @@ class Watchdog:
         while self.world.Iprobe(source=MPI.ANY_SOURCE, tag=QUERY_TAG, status=status):
             source = status.Get_source()
             self.world.Recv([self._query_buf, MPI.INT64_T], source=source, tag=QUERY_TAG)
-            text = self.doing.describe() if self.doing is not None else \
-                "not inside a ctensor collective"
+            text = self.doing.describe() if self.doing is not None else self.idle
             answer = _pack(b"", text)
             self._inflight.append((answer, self.world.Isend([answer, MPI.BYTE], dest=source,
                                                             tag=ANSWER_TAG)))
@@ -262,9 +372,9 @@ class Watchdog:
         lines = [f"rank {self.rank} waited {timeout:g} s (CTENSOR_TIMEOUT) in "
                  f"{call.describe()}; the ranks {list(waiting_for)} did not complete it:"]
         lines += _answer_lines(answers)
-        lines.append("The ranks ran different collectives or one of them is stuck; the job "
-                     "cannot continue safely and will be aborted. Set CTENSOR_DEBUG=1 to "
-                     "compare every collective's fingerprint across ranks.")
+        lines.append("The ranks ran different collectives, one of them is stuck, or they are "
+                     "only slow; the job cannot continue safely and will be aborted.")
+        lines.append(timeout_advice(self.world.Get_size()))
         return CommTimeoutError("\n".join(lines))
 
     # ------------------------------------------------------------------ fingerprints
@@ -281,7 +391,7 @@ class Watchdog:
                  for p in peers}
         sends = [self.world.Isend([mine, MPI.BYTE], dest=p, tag=FINGERPRINT_TAG) for p in peers]
         limit = min(self.check_timeout, self.timeout)
-        if not self._poll(list(recvs.values()) + sends, limit):
+        if not self._poll(list(recvs.values()) + sends, limit, call, peers):
             missing = [p for p, req in recvs.items() if not req.Test()]
             answers = self.ask(missing)
             if not all(req.Test() for req in recvs.values()):  # not merely late
@@ -296,9 +406,18 @@ class Watchdog:
                  f"{self.rank}):"]
         lines += [f"  rank {r}: {texts[r]}" for r in sorted(texts)]
         lines.append("Every rank of a placement must run the same ops on the same global "
-                     "tensors in the same order (look for rank-dependent branches before "
-                     "this op); the job cannot continue and will be aborted.")
+                     "tensors (same shapes, dtypes and SBPs) in the same order: look for "
+                     "rank-dependent branches or data before this op. The job cannot "
+                     "continue and will be aborted.")
         raise DivergenceError("\n".join(lines))
+
+    def disagree(self, call: Call, members: Sequence[int]) -> None:
+        """The always-on digest check of ``call`` differed between ``members``. Every member
+        found it at this same point, so all of them exchange their fingerprints and raise the
+        :class:`DivergenceError` of :meth:`verify`, which says what each rank runs."""
+        self.verify(call, members)
+        raise DivergenceError(f"ranks {list(members)} disagree on {call.describe()} (their "
+                              f"digests differ); rerun with CTENSOR_DEBUG=1 for details")
 
     def _missing_error(self, call: Call, answers: dict, limit: float) -> Exception:
         missing = list(answers)
