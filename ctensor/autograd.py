@@ -19,8 +19,9 @@ from . import gradsync
 from .registry import OPS
 from .sbp import Broadcast, dual
 
-__all__ = ["Node", "backward", "no_grad", "enable_grad", "is_grad_enabled", "no_sync",
-           "grad_sync_enabled", "grad_layout", "bucket_size", "set_bucket_size"]
+__all__ = ["Node", "backward", "grad", "Function", "FunctionContext", "no_grad",
+           "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
+           "bucket_size", "set_bucket_size"]
 
 bucket_size, set_bucket_size = gradsync.bucket_size, gradsync.set_bucket_size
 
@@ -111,10 +112,10 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
             out._out_index = i
 
 
-def _topological(root) -> list:
-    """Nodes reachable from ``root``'s node, each after every node that consumes it."""
+def _topological(roots) -> list:
+    """Nodes reachable from the ``roots``' nodes, each after every node that consumes it."""
     order, seen = [], set()
-    stack = [(root._node, False)]
+    stack = [(r._node, False) for r in reversed(roots)]
     while stack:
         node, expanded = stack.pop()
         if node is None:
@@ -162,57 +163,219 @@ def _accumulate(store: dict, key, tensor, grad) -> None:
         store[key] = (tensor, grad)
 
 
+#: the leaf gradients of the backward pass that is running (a backward started from inside
+#: a backward function, as activation recompute does, adds its leaf gradients here)
+_outer_leaves: Optional[dict] = None
+
+
+def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> dict:
+    """The reverse pass from ``roots`` seeded with ``grads``. Without ``capture`` each leaf's
+    final gradient goes to ``.grad`` through a :class:`gradsync.Synchronizer`; with
+    ``capture`` (ids of tensors) nothing is deposited and ``{id: gradient}`` of those
+    tensors is returned instead."""
+    global destinations, _outer_leaves
+    nested = _outer_leaves is not None and capture is None
+    sync = None if capture is not None or nested else gradsync.Synchronizer(_sync_enabled)
+    captured: dict = {}
+    pending: dict = {}  # (id(node), output index) -> (tensor, gradient)
+    leaf_grads: dict = {}  # id(leaf) -> (leaf, gradient)
+    order = _topological(roots)
+    uses: dict = {}  # id(leaf) -> nodes still to run that take it as an input
+    for node in order:
+        for t in node.inputs:
+            if t is not None and t._node is None:
+                uses[id(t)] = uses.get(id(t), 0) + 1
+    for root, grad in zip(roots, grads):
+        if root._node is None:
+            _accumulate(leaf_grads, id(root), root, grad)
+        else:
+            _accumulate(pending, (id(root._node), root._out_index), root, grad)
+    outer = _outer_leaves
+    if capture is None and not nested:
+        _outer_leaves = leaf_grads
+    try:
+        with no_grad():
+            for node in order:
+                entries = [pending.pop((id(node), i), (None, None)) for i in range(node.n_outputs)]
+                for t, g in entries:  # a non-leaf's gradient is complete when its node runs
+                    if t is not None and g is not None:
+                        if capture is not None and id(t) in capture:
+                            captured[id(t)] = g
+                        elif t._retains_grad and capture is None:
+                            t.grad = g.detach() if t.grad is None else OPS.add(t.grad, g)
+                outs = [g for _, g in entries]
+                if any(g is not None for g in outs):
+                    if node.backward_fn is None:
+                        raise RuntimeError("backward: trying to backward through the graph "
+                                           "a second time; pass retain_graph=True to the "
+                                           "first backward()")
+                    previous, destinations = destinations, _toward(node.inputs)
+                    try:
+                        in_grads = node.backward_fn(outs)
+                    finally:
+                        destinations = previous
+                    if not retain_graph:
+                        node.backward_fn = None
+                    for t, g in zip(node.inputs, in_grads):
+                        if t is None or g is None:
+                            continue
+                        if t._node is None:
+                            _accumulate(leaf_grads, id(t), t, g)
+                        else:
+                            _accumulate(pending, (id(t._node), t._out_index), t, g)
+                for t in node.inputs:  # leaves whose every use has run: gradient final
+                    if t is not None and t._node is None:
+                        uses[id(t)] -= 1
+                        if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
+                            sync.deposit(*leaf_grads.pop(id(t)))
+                if sync is not None:
+                    sync.progress()
+            if capture is not None:
+                for key, (_, g) in leaf_grads.items():
+                    if key in capture:
+                        captured[key] = g
+                return captured
+            if nested:  # hand the leaf gradients to the backward pass that runs this one
+                for key, (leaf, g) in leaf_grads.items():
+                    _accumulate(outer, key, leaf, g)
+                return captured
+            for leaf, g in list(leaf_grads.values()):  # leaves used only by nested passes
+                sync.deposit(leaf, g)
+            leaf_grads.clear()
+            sync.finish()
+    finally:
+        if capture is None and not nested:
+            _outer_leaves = outer
+    return captured
+
+
 def backward(root, grad, retain_graph: bool = False) -> None:
     """Reverse-mode pass from ``root`` seeded with ``grad`` (both checked by
     :meth:`Tensor.backward`, the public entry point). Each leaf's gradient is handed to
     :mod:`ctensor.gradsync` as soon as it is final (every op that used the leaf has run its
     backward), which buckets the reductions and finishes them before returning."""
-    global destinations
-    sync = gradsync.Synchronizer(_sync_enabled)
+    _run([root], [grad], retain_graph)
+
+
+def grad(outputs, inputs, grad_outputs=None, retain_graph: Optional[bool] = None,
+         create_graph: bool = False, allow_unused: bool = False) -> tuple:
+    """The gradients of ``outputs`` with respect to ``inputs`` (tensors or a sequence),
+    returned as a tuple in each input's own layout, without touching any ``.grad``
+    (PyTorch's ``torch.autograd.grad``). ``grad_outputs`` are required for outputs with
+    more than one element. Collective.
+
+    >>> (gw,) = ct.autograd.grad(loss, [w])
+    """
+    single_out = not isinstance(outputs, (list, tuple))
+    outputs = [outputs] if single_out else list(outputs)
+    inputs = [inputs] if not isinstance(inputs, (list, tuple)) else list(inputs)
+    if create_graph:
+        raise ValueError("grad: create_graph=True (gradients of gradients) is not supported; "
+                         "compute first-order gradients only")
+    if grad_outputs is None:
+        grad_outputs = [None] * len(outputs)
+    elif not isinstance(grad_outputs, (list, tuple)):
+        grad_outputs = [grad_outputs]
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(f"grad: got {len(outputs)} outputs and {len(grad_outputs)} "
+                         f"grad_outputs; give one per output (None for scalars)")
+    seeds = []
+    for i, (out, g) in enumerate(zip(outputs, grad_outputs)):
+        if not getattr(out, "requires_grad", False):
+            raise ValueError(f"grad: output {i} does not require grad (no input of its "
+                             f"computation had requires_grad=True, or it ran under no_grad)")
+        if g is None:
+            if out.numel() != 1:
+                raise ValueError(f"grad: output {i} has shape {tuple(out.shape)}; pass "
+                                 f"grad_outputs for outputs with more than one element")
+            g = OPS.ones_like(out)
+        seeds.append(g)
+    for i, t in enumerate(inputs):
+        if not getattr(t, "requires_grad", False):
+            raise ValueError(f"grad: input {i} does not require grad")
+    keep = bool(retain_graph) if retain_graph is not None else False
+    captured = _run(outputs, seeds, keep, capture={id(t) for t in inputs})
+    result = []
     with no_grad():
-        # grads keyed by (id(node), output index) for intermediates, id(tensor) for leaves
-        pending: dict = {}
-        leaf_grads: dict = {}
-        order = _topological(root)
-        uses: dict = {}  # id(leaf) -> nodes still to run that take it as an input
-        for node in order:
-            for t in node.inputs:
-                if t is not None and t._node is None:
-                    uses[id(t)] = uses.get(id(t), 0) + 1
-        if root._node is None:
-            _accumulate(leaf_grads, id(root), root, grad)
-        else:
-            pending[(id(root._node), root._out_index)] = (None, grad)
-        for node in order:
-            outs = [pending.pop((id(node), i), (None, None))[1] for i in range(node.n_outputs)]
-            if any(g is not None for g in outs):
-                if node.backward_fn is None:
-                    raise RuntimeError("backward: trying to backward through the graph a "
-                                       "second time; pass retain_graph=True to the first "
-                                       "backward()")
-                previous, destinations = destinations, _toward(node.inputs)
-                try:
-                    in_grads = node.backward_fn(outs)
-                finally:
-                    destinations = previous
-                if not retain_graph:
-                    node.backward_fn = None
-                for t, g in zip(node.inputs, in_grads):
-                    if t is None or g is None:
-                        continue
-                    if t._node is None:
-                        _accumulate(leaf_grads, id(t), t, g)
-                    else:
-                        _accumulate(pending, (id(t._node), t._out_index), t, g)
-            for t in node.inputs:  # leaves whose every use has run: their gradient is final
-                if t is not None and t._node is None:
-                    uses[id(t)] -= 1
-                    if uses[id(t)] == 0 and id(t) in leaf_grads:
-                        sync.deposit(*leaf_grads.pop(id(t)))
-            sync.progress()
-        for leaf, g in leaf_grads.values():  # the root itself, when it is a leaf
-            sync.deposit(leaf, g)
-        sync.finish()
+        for i, t in enumerate(inputs):
+            g = captured.get(id(t))
+            if g is None:
+                if not allow_unused:
+                    raise ValueError(f"grad: input {i} was not used to compute the outputs; "
+                                     f"pass allow_unused=True to get None for it")
+                result.append(None)
+                continue
+            g = g.to_global(t.placement, t.sbp)
+            result.append((g.to(t.dtype) if g.dtype != t.dtype else g).detach())
+    return tuple(result)
+
+
+class FunctionContext:
+    """What a :class:`Function`'s ``forward`` hands its ``backward``: saved tensors and any
+    attributes set on it (PyTorch's ``ctx``)."""
+
+    def __init__(self, needs_input_grad: tuple):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors: tuple = ()
+
+    def save_for_backward(self, *tensors) -> None:
+        self.saved_tensors = tuple(tensors)
+
+
+class Function:
+    """A differentiable operation with a hand-written backward (PyTorch's API): subclass it
+    with static ``forward(ctx, *args)`` (runs without recording; returns a tensor or a tuple
+    of tensors) and ``backward(ctx, *grads)`` (one gradient per forward argument, ``None``
+    where there is none; it runs under no_grad and may call :func:`backward` or ops), then
+    call ``MyFunction.apply(*args)``.
+
+    >>> class Square(ct.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x):
+    ...         ctx.save_for_backward(x)
+    ...         return x * x
+    ...     @staticmethod
+    ...     def backward(ctx, g):
+    ...         (x,) = ctx.saved_tensors
+    ...         return 2.0 * x * g
+    >>> y = Square.apply(x)
+    """
+
+    @staticmethod
+    def forward(ctx, *args):  # pragma: no cover - subclasses define it
+        raise TypeError("Function: subclasses must define a static forward(ctx, *args)")
+
+    @staticmethod
+    def backward(ctx, *grads):  # pragma: no cover - subclasses define it
+        raise TypeError("Function: subclasses must define a static backward(ctx, *grads)")
+
+    @classmethod
+    def apply(cls, *args):
+        tensors = [a if getattr(a, "requires_grad", None) is not None else None for a in args]
+        needs = tuple(bool(t is not None and t.requires_grad) for t in tensors)
+        ctx = FunctionContext(needs)
+        with no_grad():
+            out = cls.forward(ctx, *args)
+        single = not isinstance(out, tuple)
+        outputs = (out,) if single else out
+        for o in outputs:
+            if getattr(o, "_layout", None) is None:
+                raise TypeError(f"{cls.__name__}.forward must return ct tensors, got "
+                                f"{type(o).__name__}")
+        outputs = tuple(o.detach() if o._node is not None else o for o in outputs)
+        if _grad_enabled and any(needs):
+            n_args = len(args)
+
+            def backward_fn(grads):
+                result = cls.backward(ctx, *grads)
+                result = result if isinstance(result, tuple) else (result,)
+                if len(result) != n_args:
+                    raise TypeError(f"{cls.__name__}.backward returned {len(result)} "
+                                    f"gradients for {n_args} forward arguments")
+                return result
+
+            record(cls.__name__, tensors, list(outputs), backward_fn)
+        return outputs[0] if single else outputs
 
 
 def grad_layout(tensor, placement=None, sbp=None) -> None:

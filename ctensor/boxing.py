@@ -54,6 +54,8 @@ class _Step(ABC):
     collective = "local"
     #: a step that moves nothing between ranks (it needs no communicator)
     local = False
+    #: a local step whose result shares memory with its input (a view)
+    aliases = False
 
     def __init__(self, before: Layout, after: Layout, mesh_axis: int | None = None):
         self.before, self.after, self.mesh_axis = before, after, mesh_axis
@@ -167,6 +169,7 @@ class _Slice(_Step):
 
     collective = "slice"
     local = True
+    aliases = True
     _index = None  # rank -> index of its part, computed on first use
 
     def run(self, comm, shards):
@@ -215,6 +218,7 @@ class _Relabel(_Step):
 
     collective = "relabel"
     local = True
+    aliases = True
 
     def run(self, comm, shards):
         return shards
@@ -382,6 +386,12 @@ def plan(src: Layout, dst: Layout) -> tuple:
     steps.append(_Exchange(mid, landed))
     steps += _same_placement_steps(landed, dst.sbp)
     return tuple(steps)
+
+
+def aliases(src: Layout, dst: Layout) -> bool:
+    """Whether boxing ``src`` into ``dst`` gives views of the source shards (slices and
+    relabels only), so that writes to the source show in the result."""
+    return all(step.aliases for step in plan(src, dst))
 
 
 def cost(src: Layout, dst: Layout) -> float:

@@ -105,13 +105,13 @@ class OpDef:
 
     __slots__ = ("name", "kernel", "meta", "signatures", "backward", "needs_ctx",
                  "n_outputs", "composite", "grads", "plan", "flops", "view", "per_axis",
-                 "__weakref__")
+                 "saves", "__weakref__")
 
     def __init__(self, name: str, kernel: Callable, meta: Callable, signatures: Callable,
                  backward: Optional[Callable] = None, needs_ctx: bool = False,
                  n_outputs: int = 1, composite: Optional[Callable] = None,
                  plan: Optional[Callable] = None, flops: Optional[Callable] = None,
-                 view: bool = False, per_axis: bool = False):
+                 view: bool = False, per_axis: bool = False, saves=None):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -124,6 +124,9 @@ class OpDef:
         self.flops = flops  # (local input shapes, local output shapes, **attrs) -> FLOPs
         self.view = view  # the kernel only re-views its input: no compute to speak of
         self.per_axis = per_axis  # signatures(..., mesh_axis=a) differ per mesh axis
+        # which values the backward reads: input indices and/or "outputs" (None: all of
+        # them); an in-place write to one of them before the backward is an error
+        self.saves = saves
         self.grads: dict[str, OpDef] = {}
 
     def __call__(self, *inputs, **attrs):
@@ -132,12 +135,12 @@ class OpDef:
     def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
                     signatures: Callable, needs_ctx: bool = False,
                     backward: Optional[Callable] = None,
-                    flops: Optional[Callable] = None) -> "OpDef":
+                    flops: Optional[Callable] = None, saves=None) -> "OpDef":
         """Declare a kernel that computes a gradient of this op (``gelu.grad_kernel("grad",
         ...)``), named ``<op>.<suffix>``. It is part of this op's declaration: it has no
         public name and is reached through this OpDef (``opdef.grads[suffix]``)."""
         child = OpDef(f"{self.name}.{suffix}", kernel, meta, signatures, backward, needs_ctx,
-                      flops=flops)
+                      flops=flops, saves=saves)
         self.grads[suffix] = child
         return child
 
@@ -161,7 +164,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
           composite: Optional[Callable] = None, plan: Optional[Callable] = None,
           flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
-          method=False) -> Callable:
+          saves=None, method=False) -> Callable:
     """Declare an op (see the module docstring): decorates its front and returns the public
     function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
 
@@ -169,7 +172,9 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     floating-point operations for the cost model (default: memory-bound); ``view=True``
     marks a kernel that only re-views its input (reshape, permute); ``per_axis=True``
     passes ``mesh_axis=`` to ``signatures`` (rules that depend on the other axes' splits,
-    such as reshape's alignment). ``name`` defaults to
+    such as reshape's alignment); ``saves`` names what the backward reads the values of
+    (input indices and/or ``"outputs"``; default: everything), so that an in-place write
+    to anything else after the op is allowed. ``name`` defaults to
     the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
     """
@@ -185,7 +190,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
                 raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
                                 f"(or a fixed plan)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
-                          composite, plan, flops, view, per_axis)
+                          composite, plan, flops, view, per_axis, saves)
             public = _public(front, opdef)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]
@@ -478,15 +483,20 @@ class _Plan:
     layouts after boxing (and which inputs share one boxing), the output layouts, the array
     module, and each output's local shape per rank (so kernel bugs are caught)."""
 
-    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes", "composite")
+    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes", "composite", "aliases")
 
-    def __init__(self, opdef: OpDef, targets: tuple, out_layouts: tuple, composite: bool):
+    def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
+                 composite: bool):
         self.targets, self.out_layouts = targets, out_layouts
         self.composite = composite
         self.single = opdef.n_outputs == 1
         if composite:
-            self.xp, self.shapes = None, {}
+            self.xp, self.shapes, self.aliases = None, {}, ()
             return
+        # per input: whether its boxing only views it (the boxed copy then shares its
+        # count of in-place writes)
+        self.aliases = tuple(l is not t and boxing.aliases(l, t)
+                             for l, t in zip(layouts, targets))
         self.xp = array_module(out_layouts[0].placement.device)
         p = out_layouts[0].placement
         self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
@@ -495,10 +505,10 @@ class _Plan:
 def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int) -> _Plan:
     if opdef.plan is not None:
         targets, outs = opdef.plan(layouts, **attrs)
-        return _Plan(opdef, targets, outs, False)
+        return _Plan(opdef, layouts, targets, outs, False)
     _same_placement(opdef.name, [l.placement for l in layouts])
     out_meta = opdef.meta(layouts, **attrs)
-    return _Plan(opdef, *_choose(opdef, layouts, attrs, out_meta, dests, grads))
+    return _Plan(opdef, layouts, *_choose(opdef, layouts, attrs, out_meta, dests, grads))
 
 
 def _clear_plans() -> None:
@@ -559,6 +569,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                     boxed[i] = Tensor(target, boxing.box(t._shards, t._layout, target))
                 finally:
                     context.op_stack.pop()
+                if plan.aliases[i]:  # views of t: they share t's count of in-place writes
+                    boxed[i]._version = t._version
 
     results: list = [{} for _ in out_layouts]
     xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
@@ -589,15 +601,30 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         _stale(opdef, tensors)
         raise
     outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
+    if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so
+        for o in outputs:                        # its count of in-place writes
+            o._version = tensors[0]._version
 
     if grads:
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
-        ctx = BackwardContext(tuple(boxed), tuple([o.detach() for o in outputs]), attrs, opdef,
-                              layouts)
+        saved_out = tuple([o.detach() for o in outputs])
+        ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts)
+        # the in-place write counts of what the backward reads (boxed copies are private)
+        saves = opdef.saves
+        watched = [(t._version, t._version.value) for i, t in enumerate(boxed)
+                   if saves is None or i in saves]
+        if saves is None or "outputs" in saves:
+            watched += [(o._version, o._version.value) for o in saved_out]
         backward = opdef.backward
 
-        def backward_fn(grads, ctx=ctx, backward=backward):
+        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched):
+            for version, value in watched:
+                if version.value != value:
+                    raise RuntimeError(f"backward: a tensor needed for the gradient of "
+                                       f"{ctx.op.name} was modified by an in-place operation "
+                                       f"after it was used; compute on a copy (x.clone()) or "
+                                       f"do the in-place update after backward()")
             if single:
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)

@@ -23,10 +23,21 @@ from .registry import OPS
 from .runtime import Mode, world
 from .sbp import Broadcast, format_sbp
 
-__all__ = ["Tensor", "TENSOR_TYPES"]
+__all__ = ["Tensor", "TENSOR_TYPES", "Version"]
 
 #: Tensor and its subclasses (nn.Parameter): the dispatch fast path checks ``type(v) in``
 TENSOR_TYPES: set = set()
+
+
+class Version:
+    """How often the shards of a tensor were written in place; shared by the tensors that
+    share those shards (``detach()``, views), so autograd can tell that a tensor saved for
+    a backward was modified after it was saved."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
 
 
 class Tensor:
@@ -37,7 +48,7 @@ class Tensor:
     """
 
     __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
-                 "_grad_layout", "__weakref__")
+                 "_grad_layout", "_retains_grad", "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
     #: names of the op methods bound by op declarations (``defop(..., method=...)``)
@@ -50,8 +61,9 @@ class Tensor:
         self.grad: Optional[Tensor] = None
         self._node = None  # autograd.Node that produced this tensor (None for leaves)
         self._out_index = 0  # which output of that node this tensor is
-        self._version = 0
+        self._version = Version()
         self._grad_layout = None  # where backward() leaves this leaf's gradient (None: here)
+        self._retains_grad = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -236,8 +248,22 @@ class Tensor:
         autograd.backward(self, grad, retain_graph=retain_graph)
 
     def detach(self) -> "Tensor":
-        """The same shards, cut from the graph (no copy)."""
-        return Tensor(self._layout, self._shards)
+        """The same shards, cut from the graph (no copy; in-place writes show in both)."""
+        out = Tensor(self._layout, self._shards)
+        out._version = self._version
+        return out
+
+    def retain_grad(self) -> None:
+        """Keep this non-leaf tensor's gradient in ``.grad`` after ``backward()`` (leaves
+        always keep theirs), like PyTorch.
+
+        >>> h = x @ w; h.retain_grad(); h.sum().backward(); h.grad
+        """
+        if not self.requires_grad:
+            raise ValueError("retain_grad: the tensor does not require grad, so it never gets "
+                             "one")
+        if not self.is_leaf:
+            self._retains_grad = True
 
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
         """Turn gradient tracking on (or off) for this leaf; floating tensors only."""
@@ -259,14 +285,7 @@ class Tensor:
                             f"{type(source).__name__}")
         self._layout = source._layout
         self._shards = dict(source._shards)
-        self._version += 1
-        return self
-
-    def zero_(self) -> "Tensor":
-        """Fill with zeros in place (for optimizers and buffers; not differentiable)."""
-        for a in self._shards.values():
-            a[...] = 0
-        self._version += 1
+        self._version.value += 1
         return self
 
     # ----------------------------------------------------------------- operators
@@ -295,6 +314,12 @@ class Tensor:
     def __and__(self, o): return OPS.logical_and(self, o)
     def __or__(self, o): return OPS.logical_or(self, o)
     def __getitem__(self, index): return OPS.getitem(self, index)
+    # in place, PyTorch's semantics (see ctensor/ops/inplace.py)
+    def __iadd__(self, o): return OPS.add_(self, o)
+    def __isub__(self, o): return OPS.sub_(self, o)
+    def __imul__(self, o): return OPS.mul_(self, o)
+    def __itruediv__(self, o): return OPS.div_(self, o)
+    def __ipow__(self, o): return OPS.pow_(self, o)
     __hash__ = object.__hash__
 
     @property

@@ -183,8 +183,9 @@ def test_state_dict_round_trip_resumes_exactly(mesh, name):
     assert sorted(sd) == ["param_groups", "state"] and sd["param_groups"][0]["params"] == [0, 1]
     # a fresh optimizer on parameters in another layout, states sharded: same continuation
     other = make_params(mesh, *layouts(mesh)[0])
-    for p, q in zip(other, params):
-        p.copy_(q)
+    with ct.no_grad():  # parameters (leaves that require grad) change in place only so
+        for p, q in zip(other, params):
+            p.copy_(q)
     opt2 = cls(other, shard_states_along=0, **kwargs)
     opt2.load_state_dict(sd)
     run_steps(opt2, other, GRADS[2:])

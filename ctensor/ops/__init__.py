@@ -15,3 +15,4 @@ from . import gather  # noqa: F401
 from . import sorting  # noqa: F401
 from . import scan  # noqa: F401
 from . import einsum  # noqa: F401
+from . import inplace  # noqa: F401

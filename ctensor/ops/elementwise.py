@@ -54,7 +54,7 @@ def _out_dtype(kind: str, dtype: np.dtype) -> np.dtype:
 
 
 def _binary(name: str, kernel: Callable, backward, partial=(), kind: str = "same",
-            method: bool = True, doc: str = ""):
+            method: bool = True, doc: str = "", saves=None):
     """Declare the broadcasting binary op ``name``; ``kind`` is the output dtype rule
     ("same": promoted, "float": promoted then floating, "bool")."""
     def meta(layouts):
@@ -70,11 +70,11 @@ def _binary(name: str, kernel: Callable, backward, partial=(), kind: str = "same
     front.__name__ = name
     front.__doc__ = doc or f"Elementwise ``{name}`` with broadcasting (``ct.{name}(a, b)``)."
     return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
-                 method=method)(front)
+                 method=method, saves=saves)(front)
 
 
 def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: str = "same",
-           method: bool = True, doc: str = ""):
+           method: bool = True, doc: str = "", saves=None):
     """Declare the unary op ``name`` (``partial``: linear, so P -> P holds)."""
     def meta(layouts):
         return [(layouts[0].shape, _out_dtype(kind, layouts[0].dtype))]
@@ -87,7 +87,7 @@ def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: s
     front.__name__ = name
     front.__doc__ = doc or f"Elementwise ``{name}`` (``x.{name}()`` or ``ct.{name}(x)``)."
     return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
-                 method=method)(front)
+                 method=method, saves=saves)(front)
 
 
 # ----------------------------------------------------------------------------- arithmetic
@@ -130,9 +130,12 @@ def _select_bw(keep_first: Callable):
     return backward
 
 
-add = _binary("add", lambda xp, a, b: xp.add(a, b), _add_bw, partial=[(P, P)])
-sub = _binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P)])
-mul = _binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw, partial=[(P, B), (B, P)])
+add = _binary("add", lambda xp, a, b: xp.add(a, b), _add_bw, partial=[(P, P)],
+              saves=())
+sub = _binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P)],
+              saves=())
+mul = _binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw, partial=[(P, B), (B, P)],
+              saves=(0, 1))
 div = _binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P, B)],
               kind="float")
 pow = _binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001
@@ -159,7 +162,8 @@ def _erf(xp, x):
     return erf(x)
 
 
-neg = _unary("neg", lambda xp, x: xp.negative(x), lambda ctx, g: (-g,), partial=True)
+neg = _unary("neg", lambda xp, x: xp.negative(x), lambda ctx, g: (-g,), partial=True,
+             saves=())
 abs = _unary("abs", lambda xp, x: xp.abs(x),  # noqa: A001
              lambda ctx, g: (g * OPS.sign(ctx.inputs[0]),))
 sign = _unary("sign", lambda xp, x: xp.sign(x), lambda ctx, g: (g * 0.0,))
@@ -242,7 +246,7 @@ def _where_bw(ctx, g):
     return None, sum_to(OPS.where(c, g, 0.0), x.shape), sum_to(OPS.where(c, 0.0, g), y.shape)
 
 
-@defop(kernel=lambda xp, c, x, y: xp.where(c, x, y), meta=_where_meta,
+@defop(kernel=lambda xp, c, x, y: xp.where(c, x, y), meta=_where_meta, saves=(0,),
        signatures=_where_signatures, backward=_where_bw)
 def where(op, condition, x, y):
     """``x`` where ``condition`` holds, else ``y`` (broadcasting; scalars allowed)."""

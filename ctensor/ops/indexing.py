@@ -161,7 +161,7 @@ def _scatter_kernel(xp, g, index, shape, ctx):
 
 @defop(kernel=lambda xp, x, index: x[_local_index(index)],
        meta=lambda layouts, index: [(_out_shape(index, layouts[0].shape), layouts[0].dtype)],
-       signatures=_getitem_signatures, view=True,
+       signatures=_getitem_signatures, view=True, saves=(),
        backward=lambda ctx, g: (ctx.op.grads["scatter"](g, index=ctx.attrs["index"],
                                                         shape=tuple(ctx.inputs[0].shape)),))
 def getitem(op, x, index):

@@ -1,4 +1,4 @@
-"""``to_global`` (differentiable redistribution), ``clone``, casts, and ``copy_``.
+"""``to_global`` (differentiable redistribution), ``clone`` and casts.
 
 * ``to_global`` is an op with a fixed layout instead of a signature choice: dispatch boxes
   its input to the asked placement and SBP (the one boxing planner) and its kernel returns
@@ -9,15 +9,11 @@
   ``double``, ``half``, ``long``, ``int``, ``bool``, ``type_as``) casts each shard —
   a cast commutes with a partial sum only into a floating dtype (P -> P then), never with
   P(max)/P(min) in general, so those inputs are reduced first.
-* ``copy_`` writes into an existing tensor's shards (it is in place, so it is not an op of
-  its own: it boxes the source with ``to_global`` and copies).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .. import autograd
-from ..creation import full
 from ..dispatch import as_tensor
 from ..dtypes import to_dtype
 from ..layout import Layout
@@ -43,7 +39,7 @@ def _to_global_backward(ctx, g):
 
 
 @defop(kernel=lambda xp, x, placement, sbp: x, plan=_to_global_plan, meta=None,
-       backward=_to_global_backward)
+       backward=_to_global_backward, saves=())
 def to_global(op, x, placement=None, sbp=None):
     """Redistribute ``x`` to ``placement`` and ``sbp`` (see :meth:`Tensor.to_global`)."""
     if not isinstance(x, Tensor):
@@ -75,7 +71,7 @@ def _identity_signatures(layouts, **_):
 
 @defop(kernel=lambda xp, x: x.copy(), signatures=_identity_signatures,
        meta=lambda layouts: [(layouts[0].shape, layouts[0].dtype)],
-       backward=lambda ctx, g: (g,), method=True)
+       backward=lambda ctx, g: (g,), method=True, saves=())
 def clone(op, x):
     """A copy with fresh buffers (differentiable)."""
     return op(x)
@@ -88,7 +84,7 @@ def _cast_signatures(layouts, dtype):
 
 @defop(kernel=lambda xp, x, dtype: x.astype(dtype), signatures=_cast_signatures,
        meta=lambda layouts, dtype: [(layouts[0].shape, np.dtype(dtype))],
-       backward=lambda ctx, g: (to(g, ctx.in_layouts[0].dtype),), method=True)
+       backward=lambda ctx, g: (to(g, ctx.in_layouts[0].dtype),), method=True, saves=())
 def to(op, x, dtype):
     """Cast to ``dtype`` (``ct.float32``, ``ct.int64``, a NumPy dtype; differentiable
     between floating dtypes); ``x`` itself when the dtype already matches.
@@ -152,28 +148,3 @@ def type_as(x, other):
         raise TypeError(f"type_as: argument 'other' must be a ct.Tensor, got "
                         f"{type(other).__name__}")
     return to(x, other.dtype)
-
-
-# ----------------------------------------------------------------------------- copy_
-@defop(method=True)
-def copy_(dst: Tensor, src) -> Tensor:
-    """Overwrite ``dst``'s values in place with ``src`` (boxed to ``dst``'s layout and cast
-    to its dtype); not recorded by autograd. Optimizers and ``load_state_dict`` use it so
-    that parameters keep their identity."""
-    if not isinstance(dst, Tensor):
-        raise TypeError(f"copy_: expected a ct.Tensor, got {type(dst).__name__}")
-    if not isinstance(src, Tensor):
-        src = as_tensor([dst, src], "copy_")[1]
-    if tuple(src.shape) != tuple(dst.shape):
-        if src.ndim == 0:
-            src = full(dst.shape, fill_value=0, placement=dst.placement,
-                           dtype=dst.dtype) + src
-        else:
-            raise ValueError(f"copy_: source shape {tuple(src.shape)} does not match "
-                             f"destination shape {tuple(dst.shape)}")
-    with autograd.no_grad():
-        src = to_global(src, dst.placement, dst.sbp)
-        for r, a in dst._shards.items():
-            a[...] = src._shards[r]
-    dst._version += 1
-    return dst

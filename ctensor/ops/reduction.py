@@ -128,7 +128,7 @@ def _check(opname, x):
 # ----------------------------------------------------------------------------- sum / mean
 @defop("sum", kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim,
                                                          dtype=_acc_dtype(x.dtype)),
-       meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P),
+       meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P), saves=(),
        backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
                                          ctx.inputs[0].shape),),
        method=True)

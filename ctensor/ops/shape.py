@@ -133,6 +133,7 @@ def _reshape(opname: str, x, sizes: tuple):
 
 @defop(kernel=lambda xp, x, shape, ctx: x.reshape(_local_shape(ctx)), needs_ctx=True,
        meta=_reshape_meta, signatures=_reshape_signatures, per_axis=True, view=True,
+       saves=(),
        backward=lambda ctx, g: (reshape(g, ctx.inputs[0].shape),), method=True)
 def reshape(op, x, *shape):
     """The same elements in a new shape (row-major); one dim may be ``-1``.
@@ -227,7 +228,7 @@ def _permute(opname: str, x, dims: tuple):
 
 @defop(kernel=lambda xp, x, dims: xp.transpose(x, dims),
        meta=lambda layouts, dims: [(tuple(layouts[0].shape[d] for d in dims), layouts[0].dtype)],
-       signatures=_permute_signatures, view=True,
+       signatures=_permute_signatures, view=True, saves=(),
        backward=lambda ctx, g: (permute.op(g, dims=_inverse(ctx.attrs["dims"])),), method=True)
 def permute(op, x, *dims):
     """Reorder the dims: output dim ``j`` is input dim ``dims[j]``; a split moves with its
