@@ -19,7 +19,8 @@ from . import gradsync
 from .registry import OPS
 from .sbp import Broadcast, dual
 
-__all__ = ["Node", "backward", "grad", "Function", "FunctionContext", "no_grad",
+__all__ = ["Node", "backward", "grad", "Function", "FunctionContext", "saved_tensors_hooks",
+           "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size"]
 
@@ -53,6 +54,34 @@ class Node:
 
 def is_grad_enabled() -> bool:
     return _grad_enabled
+
+
+_hooks: list = []  # (pack, unpack) of saved_tensors_hooks, innermost last
+
+
+def saved_hooks():
+    """The innermost ``(pack, unpack)`` of :func:`saved_tensors_hooks`, or None."""
+    return _hooks[-1] if _hooks else None
+
+
+@contextlib.contextmanager
+def saved_tensors_hooks(pack: Callable, unpack: Callable) -> Iterator[None]:
+    """Inside the block, every tensor an op saves for its backward goes through
+    ``pack(tensor) -> anything`` when the op runs and ``unpack(anything) -> tensor`` when
+    its backward runs (PyTorch's ``torch.autograd.graph.saved_tensors_hooks``): the way
+    to keep less memory between forward and backward, e.g. to free a gathered parameter
+    after the forward and gather it again for the backward.
+
+    >>> with ct.autograd.saved_tensors_hooks(lambda t: t.numpy(), lambda a: ct.tensor(a)):
+    ...     y = (x * w).sum()
+    """
+    if not callable(pack) or not callable(unpack):
+        raise TypeError("saved_tensors_hooks: arguments 'pack' and 'unpack' must be callable")
+    _hooks.append((pack, unpack))
+    try:
+        yield
+    finally:
+        _hooks.pop()
 
 
 @contextlib.contextmanager

@@ -610,6 +610,11 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # only); outputs detached, or output -> node -> context -> output would be a cycle
         saved_out = tuple([o.detach() for o in outputs])
         ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts)
+        hooks = autograd.saved_hooks()
+        if hooks is not None:  # the saved tensors are kept the way the hooks decide
+            pack, unpack = hooks
+            ctx.inputs = tuple(pack(t) for t in ctx.inputs)
+            ctx.outputs = tuple(pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private)
         saves = opdef.saves
         watched = [(t._version, t._version.value) for i, t in enumerate(boxed)
@@ -618,13 +623,17 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             watched += [(o._version, o._version.value) for o in saved_out]
         backward = opdef.backward
 
-        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched):
+        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks):
             for version, value in watched:
                 if version.value != value:
                     raise RuntimeError(f"backward: a tensor needed for the gradient of "
                                        f"{ctx.op.name} was modified by an in-place operation "
                                        f"after it was used; compute on a copy (x.clone()) or "
                                        f"do the in-place update after backward()")
+            if hooks is not None:
+                ctx = BackwardContext(tuple(hooks[1](t) for t in ctx.inputs),
+                                      tuple(hooks[1](t) for t in ctx.outputs), ctx.attrs,
+                                      ctx.op, ctx.in_layouts)
             if single:
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)

@@ -166,3 +166,24 @@ def test_custom_function(mesh):
     np.testing.assert_allclose(y.numpy(), xv ** 3)
     y.sum().backward()
     np.testing.assert_allclose(x.grad.numpy(), 3 * xv ** 2)
+
+
+def test_saved_tensors_hooks_see_every_saved_tensor(mesh):
+    packed, unpacked = [], []
+
+    def pack(t):
+        packed.append(t.shape)
+        return ("kept", t)
+
+    def unpack(p):
+        unpacked.append(p[0])
+        return p[1]
+
+    xv = np.array([1.0, 2.0, 3.0])
+    x = ct.tensor(xv, placement=mesh, requires_grad=True)
+    with ct.autograd.saved_tensors_hooks(pack, unpack):
+        y = (x * x).sum()
+    assert packed and all(s in ((3,), ()) for s in packed)
+    y.backward()
+    assert unpacked and set(unpacked) == {"kept"}
+    np.testing.assert_allclose(x.grad.numpy(), 2 * xv)
