@@ -27,7 +27,7 @@ import numpy as np
 
 from .comm import context
 
-__all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture",
+__all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
            "check_same_data",
            "boxing_step", "current_context", "describe_step"]
@@ -149,17 +149,7 @@ def current_context() -> tuple:
     return context.current()
 
 
-def describe_step(step) -> str:
-    """One line about a boxing step: collective, SBPs, shape, dtype and placement(s)."""
-    from .sbp import format_sbp
-    before, after = step.before, step.after
-    axis = "" if getattr(step, "mesh_axis", None) is None else f" on mesh axis {step.mesh_axis}"
-    what = f"{tuple(before.shape)} {before.dtype}"
-    if before.placement == after.placement:
-        return (f"{step.collective}{axis} {format_sbp(before.sbp)} -> {format_sbp(after.sbp)} "
-                f"of {what} on {before.placement!r}")
-    return (f"{step.collective} of {what} from {format_sbp(before.sbp)} on "
-            f"{before.placement!r} to {format_sbp(after.sbp)} on {after.placement!r}")
+describe_step = context.describe_step
 
 
 def record(step, nbytes: int) -> None:
@@ -308,7 +298,6 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
     of ``placement`` passed the same ``data`` (shape, dtype and values), with one all-reduce
     of a 32-byte digest; raise ``ValueError`` on every rank of the placement otherwise."""
     from . import runtime
-    from .sbp import ReduceOp
     w = runtime.world()
     if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_tensor_data:
         return
@@ -320,13 +309,11 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
     total, weighted = _data_digest(arr)
     total ^= hash((arr.shape, arr.dtype.num)) & ((1 << 64) - 1)  # ints only: the same everywhere
     mine = np.array([total, weighted], dtype=np.uint64).view(np.int64)
-    # the maximum of the digest and of its complement (= -1 - minimum): equal iff all agree
-    seen = w.comm.all_reduce(group, {me: np.concatenate([mine, ~mine])}, ReduceOp.MAX)[me]
-    if np.array_equal(seen[:2], mine) and np.array_equal(seen[2:], ~mine):
+    if w.agree({me: mine}, group):
         return
     # some rank differs, and every rank of the group knows it: find out which ones
     mine_text = (tuple(arr.shape), str(arr.dtype), f"{total:016x}{weighted:016x}")
-    listing = w.comm.all_gather_object(group, {me: mine_text})[me]
+    listing = w.exchange({me: mine_text}, group)
     reference = listing[0]
     differ = [r for r, m in zip(group, listing) if m != reference]
     seen_text = "; ".join(f"rank {r}: shape {s} {d}, digest {h[:8]}"
@@ -339,6 +326,21 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
         f"random generator alike (np.random.default_rng(0); an unseeded np.random call gives "
         f"each rank different numbers) and make nothing depend on the rank; or pass each "
         f"rank's own shard to ct.from_local.")
+
+
+def per_rank(value) -> list:
+    """Every rank's ``value`` (small Python objects: numbers, strings, tuples), as a list in
+    rank order, on every rank (collective). In a simulation pass ``{rank: value}`` for the
+    ranks it holds, or one value that stands for all of them.
+
+    >>> ct.debug.per_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    [181424, 180992]
+    """
+    from . import runtime
+    w = runtime.world()
+    objs = value if isinstance(value, dict) and set(value) == set(w.held_ranks) else \
+        {r: value for r in w.held_ranks}
+    return w.exchange(objs)
 
 
 # ----------------------------------------------------------------------------- picture

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import debug
+from . import context
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Shards, contiguous
@@ -205,7 +205,7 @@ class MPICommunicator(Communicator):
         before any data moves if the members disagree on ``guard``."""
         seq = self._seq.get(group, 0) + 1
         self._seq[group] = seq
-        op, step = debug.current_context()
+        op, step = context.current()
         call = Call(seq, collective, group, op, step, tuple(getattr(buf, "shape", ())),
                     _dtype_name(buf), args, same_shape, guard)
         watchdog = self.watchdog

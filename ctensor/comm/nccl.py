@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import enum
 import pickle
-import time
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -32,11 +31,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CommTimeoutError, DivergenceError
+from .. import _device
+from ..errors import DivergenceError
 from ..sbp import ReduceOp
+from . import context
 from .base import Communicator, Group, HostWrapper, Message, Shards, contiguous
+from .watchdog import Call
 
-__all__ = ["NCCLCommunicator", "cuda_communicator", "node_layout", "gather_plan", "pad_plan",
+__all__ = ["NCCLCommunicator", "cuda_communicator", "loadable", "gather_plan", "pad_plan",
            "all_to_all_plan", "exchange_plan", "reduction_plan", "nccl_refusal", "ReducePlan",
            "Staging", "ID_TAG"]
 
@@ -168,47 +170,36 @@ def nccl_refusal(everyone: Sequence[tuple]) -> Optional[str]:
 
 
 # ----------------------------------------------------------------------------- MPI side
-def node_layout(world) -> tuple:
-    """``(local_rank, local_size)``: this process among those of its node (collective over
-    ``world``: an MPI shared-memory split)."""
-    from mpi4py import MPI
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+def loadable() -> bool:
+    """Whether CuPy's NCCL binding finds a loadable NCCL library."""
+    if _device.import_cupy() is None:
+        return False
     try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
-def _wait(MPI, requests: list, what: str, peers: Sequence[int]) -> None:
-    """Complete ``requests``, raising :class:`CommTimeoutError` after ``CTENSOR_TIMEOUT``."""
-    from .watchdog import env_timeout
-    timeout = env_timeout()
-    deadline, delay = time.monotonic() + timeout, 1e-5
-    while not MPI.Request.Testall(requests):
-        if time.monotonic() > deadline:
-            raise CommTimeoutError(f"NCCLCommunicator: waited {timeout:g} s for {what} with "
-                                   f"ranks {list(peers)}; they never reached the same "
-                                   f"collective (set CTENSOR_DEBUG=1 to compare what each "
-                                   f"rank runs)")
-        time.sleep(delay)
-        delay = min(2 * delay, 2e-3)
+        from cupy.cuda import nccl
+    except Exception:
+        return False
+    return bool(getattr(nccl, "available", False))
 
 
 def _share_unique_id(host, group: Group, make: Callable) -> Any:
-    """The group's first rank makes the NCCL unique id and sends it to the other members."""
+    """The group's first rank makes the NCCL unique id and sends it to the other members
+    (waited on by the host's watchdog, like every MPI call: a member that never comes is a
+    timeout or a left-rank error, not a hang)."""
     from mpi4py import MPI
     world, rank = host.world, host.held_ranks[0]
     buf = np.zeros(_ID_BYTES, dtype=np.uint8)
+    op, step = context.current()
+    call = Call(0, "nccl_unique_id", tuple(group), op, step, (), "")
     if rank == group[0]:
         uid = make()
         data = np.frombuffer(pickle.dumps((tuple(group), uid)), dtype=np.uint8)
         buf[:8] = np.frombuffer(np.int64(data.size).tobytes(), dtype=np.uint8)
         buf[8:8 + data.size] = data
         requests = [world.Isend([buf, MPI.BYTE], dest=r, tag=ID_TAG) for r in group[1:]]
-        _wait(MPI, requests, f"sending the NCCL id of group {list(group)}", group[1:])
+        host.watchdog.wait(requests, call, group[1:])
         return uid
-    _wait(MPI, [world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)],
-          f"the NCCL id of group {list(group)}", group[:1])
+    host.watchdog.wait([world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)], call,
+                       group[:1])
     n = int(buf[:8].view(np.int64)[0])
     sent_group, uid = pickle.loads(buf[8:8 + n].tobytes())
     if tuple(sent_group) != tuple(group):
@@ -310,8 +301,7 @@ class NCCLCommunicator(HostWrapper):
 
     def _array_module(self):
         if self._xp is None:
-            from .. import cuda
-            self._xp = cuda.module()
+            self._xp = _device.module()
         return self._xp
 
     def _stream_ptr(self) -> int:
@@ -530,12 +520,11 @@ def cuda_communicator(host) -> Communicator:
     MPI path, reported once (on rank 0) with a ``RuntimeWarning`` giving the reason. Every
     rank takes the same choice.
     """
-    from .. import cuda
     from .staged import StagedCommunicator
     if host.size == 1:  # no NCCL communicator is ever needed
         return NCCLCommunicator(host)
-    cupy = cuda.module()  # this rank's GPU is chosen before its identity is taken
-    me = _gpu_identity(cupy) + (cuda.nccl_available(),)
+    cupy = _device.module()  # this rank's GPU is chosen before its identity is taken
+    me = _gpu_identity(cupy) + (loadable(),)
     everyone = host.all_gather_object(tuple(range(host.size)), {host.rank: me})[host.rank]
     reason = nccl_refusal(everyone)
     if reason is None:

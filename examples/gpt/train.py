@@ -268,15 +268,10 @@ def main(a) -> list:
 
 
 def peak_memory_per_rank() -> list:
-    """Each rank's peak resident memory in MiB (gathered as a global tensor: every rank
-    contributes its own one-element shard)."""
+    """Each rank's peak resident memory in MiB, on every rank."""
     import resource
     mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    everyone = ct.placement.all()
-    w = ct.runtime.world()
-    local = {r: np.array([mib]) for r in w.held_ranks} if len(w.held_ranks) > 1 else \
-        np.array([mib])
-    return [round(float(v), 1) for v in ct.from_local(local, everyone, ct.sbp.split(0)).numpy()]
+    return [round(float(v), 1) for v in ct.debug.per_rank(mib)]
 
 
 def run(argv=None) -> list:
