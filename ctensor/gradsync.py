@@ -19,8 +19,6 @@ leaves each rank exactly its shard of every gradient.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from . import boxing

@@ -401,8 +401,6 @@ class MPICommunicator(Communicator):
         call, channel = self._begin("barrier", group, None)
         self._finish([], call, channel)
 
-    def abort(self, code: int = 1) -> None:
-        self.world.Abort(code)
 
     def leave(self) -> None:
         """This rank's script is over: tell the other ranks and wait for them (see

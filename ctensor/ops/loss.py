@@ -50,14 +50,18 @@ def _check_targets(opname, index, size, ignore_index):
 
 
 # ----------------------------------------------------------------------------- pick
-def _pick_meta(layouts, ignore_index=None):
-    x, index = layouts
-    check_int("pick", "index", index)
+def _one_per_row(opname: str, arg: str, x, index) -> list:
+    """The meta of an op that takes one integer ``index`` per row of ``x``'s last dim."""
+    check_int(opname, arg, index)
     if x.ndim == 0 or tuple(index.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"pick: argument 'index' must have the shape of x without its last "
-                         f"dim; x has shape {tuple(x.shape)}, index has shape "
-                         f"{tuple(index.shape)}")
+        raise ValueError(f"{opname}: argument '{arg}' of shape {tuple(index.shape)} does not "
+                         f"match x of shape {tuple(x.shape)}; accepted: {arg} shape == "
+                         f"x.shape[:-1] (one per row of the last, class dim)")
     return [(tuple(index.shape), x.dtype)]
+
+
+def _pick_meta(layouts, ignore_index=None):
+    return _one_per_row("pick", "index", *layouts)
 
 
 def _pick_signatures(layouts, **_):
@@ -127,12 +131,7 @@ def _ce_meta(layouts, ignore_index):
     if logits.dtype.kind != "f":
         raise TypeError(f"softmax_cross_entropy: argument 'logits' must be floating, got "
                         f"{logits.dtype}")
-    check_int("softmax_cross_entropy", "target", target)
-    if logits.ndim == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"softmax_cross_entropy: target of shape {tuple(target.shape)} does "
-                         f"not match logits of shape {tuple(logits.shape)}; accepted: target "
-                         f"shape == logits.shape[:-1] (class dim last)")
-    return [(tuple(target.shape), logits.dtype)]
+    return _one_per_row("softmax_cross_entropy", "target", logits, target)
 
 
 def _ce_parts(xp, logits, target, ignore_index):
