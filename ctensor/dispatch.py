@@ -533,6 +533,38 @@ def _stale(opdef: OpDef, tensors: Sequence) -> None:
                              f"or take its value with .numpy() before leaving it")
 
 
+def _boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
+    """``t`` boxed to ``target``, once: the copy is kept on ``t`` while ``t`` lives and is
+    not written in place, so later ops (q, k and v of one ``x``; the two matmuls of a
+    gradient) reuse it. Not kept for parameters (leaves that require grad: they live all
+    run long, and sharded ones must not keep a gathered copy), nor by ``to_global`` (an
+    explicit redistribution gives a tensor of its own); kept copies are read-only, so an
+    in-place write to a view of one copies it first."""
+    cache = t._boxed
+    if cache is not None:
+        hit = cache.get(target)
+        if hit is not None:
+            version, layout, copy = hit
+            if version == t._version.value and layout is t._layout:
+                return copy
+            del cache[target]
+    context.op_stack.append(opdef.name)  # names the op in the communication log
+    try:
+        copy = Tensor(target, boxing.box(t._shards, t._layout, target))
+    finally:
+        context.op_stack.pop()
+    if aliases:  # views of t: they share t's count of in-place writes
+        copy._version = t._version
+    elif opdef.plan is None and not (t.requires_grad and t._node is None):
+        for arr in copy._shards.values():
+            if type(arr) is np.ndarray:
+                arr.flags.writeable = False
+        if cache is None:
+            cache = t._boxed = {}
+        cache[target] = (t._version.value, t._layout, copy)
+    return copy
+
+
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     layouts = tuple([t._layout for t in tensors])
@@ -559,18 +591,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         if t._layout is not target:
             if boxed is tensors:
                 boxed = list(tensors)
-            for j in range(i):  # the same tensor boxed the same way earlier: reuse it
-                if tensors[j] is t and targets[j] is target:
-                    boxed[i] = boxed[j]
-                    break
-            else:
-                context.op_stack.append(opdef.name)  # names the op in the communication log
-                try:
-                    boxed[i] = Tensor(target, boxing.box(t._shards, t._layout, target))
-                finally:
-                    context.op_stack.pop()
-                if plan.aliases[i]:  # views of t: they share t's count of in-place writes
-                    boxed[i]._version = t._version
+            boxed[i] = _boxed(opdef, t, target, plan.aliases[i])
 
     results: list = [{} for _ in out_layouts]
     xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes

@@ -48,7 +48,7 @@ class Tensor:
     """
 
     __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
-                 "_grad_layout", "_retains_grad", "__weakref__")
+                 "_grad_layout", "_retains_grad", "_boxed", "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
     #: names of the op methods bound by op declarations (``defop(..., method=...)``)
@@ -64,6 +64,7 @@ class Tensor:
         self._version = Version()
         self._grad_layout = None  # where backward() leaves this leaf's gradient (None: here)
         self._retains_grad = False
+        self._boxed = None  # {layout: (write count, own layout, copy)}: boxings kept for reuse
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
