@@ -42,7 +42,7 @@ import numpy as np
 from . import context
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
-from .base import Communicator, Group, Message, Shards, contiguous
+from .base import Communicator, Group, Message, Pending, Shards, contiguous
 from .buffers import BufferPool
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
@@ -236,6 +236,41 @@ class MPICommunicator(Communicator):
         req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
         self._finish([req], call, channel)
         return {self.rank: out}
+
+    def _started(self, requests: list, call: Call, channel: _Channel, result: dict) -> Pending:
+        """A posted collective as a :class:`Pending`: ``test`` lets MPI progress it,
+        ``wait`` completes it under the watchdog and returns ``result``."""
+        def wait() -> dict:
+            self._finish(requests, call, channel)
+            return result
+        return Pending(wait=wait, test=lambda: self._MPI.Request.Testall(requests))
+
+    def all_reduce_start(self, group, bufs, op):
+        """:meth:`all_reduce`, posted (``Iallreduce``) and returned unfinished: the backward
+        pass starts gradient buckets this way and goes on computing."""
+        buf = contiguous(self._mine(group, bufs))
+        if len(group) == 1:
+            return Pending({self.rank: buf.copy()})
+        call, channel = self._begin("all_reduce", group, buf, (op.value,), same_shape=True,
+                                    guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
+        out = self._pool.empty(buf.shape, buf.dtype)
+        req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
+        return self._started([req], call, channel, {self.rank: out})
+
+    def reduce_scatter_start(self, group, bufs, op, dim, sizes):
+        """:meth:`reduce_scatter` of a 1-D buffer along dim 0, posted and returned
+        unfinished (gradient buckets of sharded states)."""
+        buf = contiguous(self._mine(group, bufs))
+        if len(group) == 1 or dim != 0 or buf.ndim != 1:
+            return Pending(self.reduce_scatter(group, bufs, op, dim, sizes))
+        me = group.index(self.rank)
+        out = self._pool.empty((sizes[me],), buf.dtype)
+        call, channel = self._begin("reduce_scatter", group, buf,
+                                    (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
+                                    same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
+                                                            buf.dtype.num, buf.shape))
+        req = channel.data.Ireduce_scatter(buf, out, list(sizes), op=self._op(op, buf.dtype))
+        return self._started([req], call, channel, {self.rank: out})
 
     def all_gather(self, group, bufs, dim, sizes):
         buf = self._mine(group, bufs)
