@@ -165,13 +165,16 @@ def _topological(roots) -> list:
 def _toward(tensors) -> Optional[tuple]:
     """Where the gradients of ``tensors`` are headed: per tensor ``(shape, placement, sbp)``
     with, per mesh axis, the SBP its gradient is wanted in — a split tensor's gradient
-    split alike, a partial one's replicated (dual) — or None (a replicated tensor's gradient
-    may come out replicated or partial, whichever is free)."""
+    split alike, a partial one's replicated, a replicated leaf's partial (the dual: the
+    gradient buckets reduce it) — or None (a replicated intermediate's gradient may come
+    out replicated or partial, whichever is free)."""
     out = []
     for t in tensors:
         if t is None:
             continue
-        want = tuple(None if isinstance(s, Broadcast) else d
+        # a leaf's gradient goes to a bucket, which reduces partial sums best: partial it is
+        leaf = t._node is None
+        want = tuple(None if isinstance(s, Broadcast) and not leaf else d
                      for s, d in zip(t._layout.sbp, dual(t._layout.sbp)))
         if any(w is not None for w in want):
             out.append((t._layout.shape, t._layout.placement, want))

@@ -394,6 +394,11 @@ def aliases(src: Layout, dst: Layout) -> bool:
     return all(step.aliases for step in plan(src, dst))
 
 
+def communicates(src: Layout, dst: Layout) -> bool:
+    """Whether boxing ``src`` into ``dst`` moves data between ranks."""
+    return any(not step.local for step in plan(src, dst))
+
+
 def cost(src: Layout, dst: Layout) -> float:
     """Estimated seconds of boxing ``src`` into ``dst`` (see :mod:`ctensor.cost`)."""
     return sum(step.cost() for step in plan(src, dst))

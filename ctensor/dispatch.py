@@ -65,9 +65,15 @@ from .tensor import TENSOR_TYPES, Tensor
 B_ = Broadcast()
 P_ = Partial()
 _EPSILON = 1e-12  # seconds: what touching a layout costs at the least
+_SINGLE = (0,)
 #: an output left to be moved later may be moved once per consumer; moving it now once is
 #: preferred when the two otherwise tie
 _LATER = 1.01
+#: seconds charged for moving a parameter (a leaf that requires grad) between ranks to run
+#: an op: so much that a signature keeping every parameter in the layout the user gave it
+#: always wins when one exists (local slices and pads do not count). Tensor parallelism is
+#: a choice of parameter layouts; activations move.
+_PINNED = 1e6
 
 __all__ = ["OpDef", "Signature", "sig", "defop", "apply", "as_tensor", "KernelContext",
            "BackwardContext"]
@@ -337,7 +343,8 @@ def _hints(layouts: tuple, out_meta, placement, dests) -> list:
     """Per output, where it is expected next: the SBP wanted per mesh axis (None: no
     preference), or None. A gradient's destination (``dests``, from the autograd engine)
     when exactly one has the output's shape; else the layout of the inputs shaped like the
-    output, when those agree (the tensors it meets next are laid out alike)."""
+    output, when those agree — or the non-partial ones do (the tensors it meets next are
+    laid out alike)."""
     hints = []
     for shape, _ in out_meta:
         shape = tuple(shape)
@@ -347,7 +354,11 @@ def _hints(layouts: tuple, out_meta, placement, dests) -> list:
             if len(alike) == 1:
                 hints.append(alike.pop())
                 continue
+        # (a partial input is transient — it must be reduced somewhere — so where the
+        # others agree, their layout is where the value lives)
         alike = {l.sbp for l in layouts if l.shape == shape}
+        if len(alike) > 1:
+            alike = {sbp for sbp in alike if not any(isinstance(e, Partial) for e in sbp)}
         hints.append(alike.pop() if len(alike) == 1 else None)
     return hints
 
@@ -368,7 +379,7 @@ def _gradient_layout(target: Layout, axis: int, replicated: bool) -> Layout:
 
 
 def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints, device,
-                    grads) -> float:
+                    grads, pinned, same) -> float:
     """Estimated seconds of taking signature ``cand`` on mesh ``axis`` (see
     :mod:`ctensor.cost`): boxing the inputs (each distinct input once) and, for inputs that
     need a gradient, the boxing of that gradient back (the dual move) in the backward; the
@@ -385,12 +396,14 @@ def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints,
         sbp[axis] = cand.inputs[i]
         target = l.with_sbp(sbp)
         boxed.append(target)
-        if seen.get(id(l)) is target:
-            continue  # the same input boxed the same way: once
-        seen[id(l)] = target
+        if seen.get(same[i]) is target:
+            continue  # the same tensor boxed the same way: once
+        seen[same[i]] = target
         # (a relabel on a size-1 axis is free: the epsilon keeps a layout that is already
         # right when everything else ties)
         total += boxing.cost(l, target) + _EPSILON
+        if pinned >> i & 1 and boxing.communicates(l, target):
+            total += _PINNED  # parameters stay where they were laid out
         if grads >> i & 1:
             back = _gradient_layout(target, axis, replicated)
             total += boxing.cost(back, l.with_sbp(dual(l.sbp)))
@@ -437,17 +450,23 @@ def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints,
     return total
 
 
-def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta, dests, grads: int) -> tuple:
+def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta, dests, grads: int,
+            pinned: int, same: tuple) -> tuple:
     """Per mesh axis, the declared signature whose estimated time is least (ties: the
     earlier declared). Returns ``(input layouts after boxing, output layouts, composite)``.
-    ``grads`` has bit ``i`` set when input ``i`` needs a gradient. Called once per (op,
-    attributes, input layouts, gradient destinations, grads): :func:`apply` caches it."""
+    ``grads`` has bit ``i`` set when input ``i`` needs a gradient, ``pinned`` when it is a
+    parameter (a leaf that requires grad: kept where it is whenever a signature allows);
+    ``same[i]`` is the index of the first input that is the same tensor as input ``i``.
+    Called once per (op, attributes, input layouts, gradient destinations, grads, pinned,
+    same): :func:`apply` caches it."""
     placement = layouts[0].placement
     if not opdef.per_axis:
         candidates = opdef.signatures(layouts, **attrs)
     in_sbp = [list(l.sbp) for l in layouts]
     out_sbp = [[None] * placement.ndim for _ in out_meta]
-    hints = _hints(layouts, out_meta, placement, dests)
+    # (a view's output follows its input: gradient destinations are for the ops that
+    # compute; a reshaped intermediate may happen to have a gradient's shape)
+    hints = _hints(layouts, out_meta, placement, None if opdef.view else dests)
     composite = False
     for axis in range(placement.ndim):
         if opdef.per_axis:
@@ -458,7 +477,7 @@ def _choose(opdef: OpDef, layouts: tuple, attrs: dict, out_meta, dests, grads: i
         best, best_cost = None, None
         for cand in candidates:
             total = _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp,
-                                    hints, placement.device, grads)
+                                    hints, placement.device, grads, pinned, same)
             if best is None or total < best_cost:
                 best, best_cost = cand, total
         composite = composite or best.composite
@@ -502,13 +521,15 @@ class _Plan:
         self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
 
 
-def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int) -> _Plan:
+def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int, pinned: int,
+          same: tuple) -> _Plan:
     if opdef.plan is not None:
         targets, outs = opdef.plan(layouts, **attrs)
         return _Plan(opdef, layouts, targets, outs, False)
     _same_placement(opdef.name, [l.placement for l in layouts])
     out_meta = opdef.meta(layouts, **attrs)
-    return _Plan(opdef, layouts, *_choose(opdef, layouts, attrs, out_meta, dests, grads))
+    return _Plan(opdef, layouts, *_choose(opdef, layouts, attrs, out_meta, dests, grads,
+                                          pinned, same))
 
 
 def _clear_plans() -> None:
@@ -568,16 +589,22 @@ def _boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     layouts = tuple([t._layout for t in tensors])
-    grads = 0  # bit i: input i needs a gradient (the choice then weighs the backward too)
-    if opdef.backward is not None and autograd.is_grad_enabled():
-        for i, t in enumerate(tensors):
-            if t.requires_grad:
-                grads |= 1 << i
+    grads = pinned = 0  # bit i: input i needs a gradient / is a parameter
+    for i, t in enumerate(tensors):
+        if t.requires_grad:
+            pinned |= (t._node is None) << i
+            grads |= 1 << i
+    if opdef.backward is None or not autograd.is_grad_enabled():
+        grads = 0  # (the choice weighs the backward only when there will be one)
     dests = autograd.destinations
-    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts, dests, grads)
+    # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
+    same = _SINGLE if len(tensors) == 1 else \
+        tuple([next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors)])
+    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts, dests, grads,
+           pinned, same)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plan(opdef, layouts, attrs, dests, grads)
+        plan = _plan(opdef, layouts, attrs, dests, grads, pinned, same)
         if len(_plans) > 65536:
             _plans.clear()
         _plans[key] = plan
