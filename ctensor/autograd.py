@@ -257,6 +257,11 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
                         uses[id(t)] -= 1
                         if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
                             sync.deposit(*leaf_grads.pop(id(t)))
+                if not retain_graph and node.backward_fn is None:
+                    # the node has run for good: let go of its inputs, so activations are
+                    # freed as the backward goes (not only when the graph's last tensor
+                    # goes); a second backward through it still raises, via backward_fn
+                    node.inputs = ()
                 if sync is not None:
                     sync.progress()
             if capture is not None:

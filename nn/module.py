@@ -30,6 +30,7 @@ class Parameter(ct.Tensor):
     """
 
     __slots__ = ()
+    _memory_kind = "parameters"  # how ct.debug.memory() counts its shards
 
     def __init__(self, data: ct.Tensor, requires_grad: bool = True):
         if not isinstance(data, ct.Tensor):
