@@ -74,10 +74,34 @@ def _move(entry, kind: str) -> None:
     entry[0] = kind
 
 
+def _pointer(arr) -> int:
+    try:
+        return int(arr.__array_interface__["data"][0])  # NumPy
+    except (AttributeError, TypeError, KeyError):
+        try:
+            return int(arr.data.ptr)  # CuPy
+        except AttributeError:
+            return id(arr)
+
+
+def _set_bytes(entry, rank: int, nbytes: int) -> None:
+    old = entry[1].get(rank, 0)
+    if nbytes != old:
+        entry[1][rank] = nbytes
+        if nbytes > old:
+            _add(rank, entry[0], nbytes - old)
+        else:
+            _sub(rank, entry[0], old - nbytes)
+
+
 def track(tensor, kind: str | None = None) -> None:
     """Count the buffers behind ``tensor``'s shards (called for every tensor made while
     tracking is on). ``kind=None``: the tensor type's (``parameters`` for a Parameter);
-    a buffer already counted under a kind other than ``activations`` keeps it."""
+    a buffer already counted under a kind other than ``activations`` keeps it.
+
+    A buffer held by one rank counts whole. A buffer whose views several ranks hold (in a
+    simulation, where a collective may hand each rank a slice of one result) counts, for
+    each rank, the bytes of that rank's own views: what the rank would hold on its own."""
     kind = kind or getattr(type(tensor), "_memory_kind", DEFAULT_KIND)
     for rank, arr in tensor._shards.items():
         root = _root(arr)
@@ -89,13 +113,21 @@ def track(tensor, kind: str | None = None) -> None:
             except TypeError:  # an array type without weak references: not seen
                 continue
             finalizer.atexit = False
-            entry = _buffers[key] = [kind, {}, finalizer]
+            entry = _buffers[key] = [kind, {}, finalizer, {}, int(root.nbytes)]
         elif entry[0] == DEFAULT_KIND and kind != DEFAULT_KIND:
             _move(entry, kind)
-        if rank not in entry[1]:
-            nbytes = int(root.nbytes)
-            entry[1][rank] = nbytes
-            _add(rank, entry[0], nbytes)
+        views = entry[3]
+        view = (_pointer(arr), int(arr.nbytes))
+        mine = views.setdefault(rank, set())
+        if view in mine:
+            continue
+        mine.add(view)
+        whole = entry[4]
+        if len(views) == 1:
+            _set_bytes(entry, rank, whole)
+        else:  # shared between ranks: each rank its own views
+            for r, vs in views.items():
+                _set_bytes(entry, r, min(whole, sum(n for _, n in vs)))
 
 
 def tag(tensor, kind: str) -> None:
