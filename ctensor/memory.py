@@ -159,6 +159,7 @@ def enable() -> None:
     from .tensor import Tensor  # tensor.py imports this module
     _clear()
     tracking = True
+    gc.collect()  # unreachable tensors (cycles not yet collected) are not held
     for obj in gc.get_objects():
         if isinstance(obj, Tensor):
             track(obj)

@@ -151,13 +151,16 @@ class _Unit:
         """``(pack, unpack)``: a saved gathered parameter becomes a :class:`_Regather`;
         anything else goes to the hooks around this forward, if any."""
         outer = ct.autograd.saved_hooks()
-        gathered = [(t, t._shards, source, self.full_sbp[name])
+        # ids of the gathered shards, not the arrays: the hooks outlive the forward (each
+        # op's backward keeps them), and must not keep what they are meant to free
+        gathered = [(weakref.ref(t), t._layout, {r: id(a) for r, a in t._shards.items()},
+                     source, self.full_sbp[name])
                     for name, (t, source) in self.gathered.items()]
 
         def pack(t):
-            for g, shards, source, full in gathered:
-                if t is g or (t._layout == g._layout and t._shards and all(
-                        t._shards.get(r) is a for r, a in shards.items())):
+            for ref, layout, ids, source, full in gathered:
+                if t is ref() or (t._layout == layout and t._shards and all(
+                        id(t._shards.get(r)) == i for r, i in ids.items())):
                     return _Regather(source, full)
             return outer[0](t) if outer is not None else t
 
