@@ -135,6 +135,13 @@ class _Unit:
         if self.gathered and self._zero3():
             self.hooks = ct.autograd.saved_tensors_hooks(*self._saved_hooks())
             self.hooks.__enter__()
+        if self.dtype is not None and any(isinstance(a, ct.Tensor) and a.dtype.kind == "f"
+                                          and a.dtype != self.dtype for a in args):
+            # floating inputs in the compute dtype too (FSDP's cast_forward_inputs), or a
+            # float32 input would promote the whole layer back to float32
+            return tuple(a.to(self.dtype) if isinstance(a, ct.Tensor) and a.dtype.kind == "f"
+                         else a for a in args)
+        return None
 
     def after(self, module, args, output):
         if self.hooks is not None:
@@ -317,7 +324,8 @@ def mixed_precision(module: Module, dtype=np.float16) -> Module:
     """Compute ``module``'s forward and backward in ``dtype`` (float16) while its
     parameters stay float32 masters: each module casts its parameters to ``dtype`` just
     before its forward (a differentiable cast, so gradients come back float32 and are
-    reduced and applied in float32), and every activation is ``dtype``. Composes with
+    reduced and applied in float32), floating inputs are cast to ``dtype`` too, and every
+    activation is ``dtype``. Composes with
     :func:`fully_shard` (the shard is cast before it is gathered) and with any layout.
     Softmax, layer norm and cross entropy keep their statistics in float32 inside; the
     mean cross entropy comes out float32. Scale the loss with

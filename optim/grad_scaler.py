@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+import numpy as np
+
 import ctensor as ct
 
 __all__ = ["GradScaler"]
@@ -111,7 +113,8 @@ class GradScaler:
         replicated = (ct.sbp.broadcast,) * home.ndim
         total = None
         for g in grads:
-            part = (g * 0.0).sum().to(ct.float32).to_global(home, replicated)
+            with np.errstate(invalid="ignore"):  # inf * 0 is the nan looked for
+                    part = part.to(ct.float32).to_global(home, replicated)
             total = part if total is None else total + part
         return not math.isfinite(float(total.item()))  # .item(): every rank of the world
 
