@@ -114,7 +114,8 @@ class GradScaler:
         total = None
         for g in grads:
             with np.errstate(invalid="ignore"):  # inf * 0 is the nan looked for
-                    part = part.to(ct.float32).to_global(home, replicated)
+                part = (g * 0.0).sum()
+            part = part.to(ct.float32).to_global(home, replicated)
             total = part if total is None else total + part
         return not math.isfinite(float(total.item()))  # .item(): every rank of the world
 
