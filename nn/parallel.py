@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import ctensor as ct
 
+from .fsdp import fully_shard  # noqa: F401  (nn.parallel.fully_shard: ZeRO-2/3 by SBP)
 from .layers import Embedding, LayerNorm, Linear, Sequential
 from .module import Module
 from .transformer import GPT, MLP, Block, CausalSelfAttention
 
 __all__ = ["data_parallel", "data_parallel_rules", "tensor_parallel", "tensor_parallel_rules",
-           "hybrid_parallel", "hybrid_parallel_rules", "sequence_parallel", "batch_sbp"]
+           "hybrid_parallel", "hybrid_parallel_rules", "sequence_parallel", "batch_sbp",
+           "fully_shard"]
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 COLUMN = {"weight": S(0), "bias": S(0)}   # output features split

@@ -24,6 +24,33 @@ PMIN = Partial(ReduceOp.MIN)
 S = Split
 
 
+_HALF = np.dtype(np.float16)
+
+
+def widen(xp, *arrays):
+    """``arrays`` with float16 ones as float32: kernels that reduce (softmax, layer norm,
+    cross entropy statistics) or accumulate (NumPy's matmul, which has no float16 BLAS) work
+    in float32 and dispatch casts their result back to the op's float16 output, as GPUs
+    accumulate float16 products in float32."""
+    if not any(a.dtype == _HALF for a in arrays):
+        return arrays if len(arrays) > 1 else arrays[0]
+    out = tuple(a.astype(np.float32) if a.dtype == _HALF else a for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
+def widened(fn: Callable) -> Callable:
+    """A composite run in float32 when its first input is float16, its results cast back:
+    the composites of softmax, layer norm and cross entropy keep their row statistics
+    (sums of exponentials, variances) in float32."""
+    @functools.wraps(fn)
+    def run(x, *rest, **attrs):
+        if x.dtype != _HALF:
+            return fn(x, *rest, **attrs)
+        out = fn(OPS.to(x, np.float32), *rest, **attrs)
+        return OPS.to(out, _HALF)
+    return run
+
+
 def broadcast_shapes(opname: str, *shapes) -> tuple:
     """NumPy/PyTorch broadcasting of ``shapes``; ``ValueError`` naming the op otherwise."""
     try:

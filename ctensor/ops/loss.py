@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures
+from ._rules import (B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures,
+                     widen, widened)
 from .embedding import check_int
 
 __all__ = ["pick", "softmax_cross_entropy"]
@@ -136,6 +137,7 @@ def _ce_meta(layouts, ignore_index):
 
 def _ce_parts(xp, logits, target, ignore_index):
     _check_targets("cross_entropy", target, logits.shape[-1], ignore_index)
+    logits = widen(xp, logits)  # float16: the log-sum-exp in float32
     valid = target != ignore_index
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
@@ -156,6 +158,7 @@ def _ce_grad_kernel(xp, g, logits, target, ignore_index):
     if logits.size == 0:
         return xp.zeros(logits.shape, dtype=logits.dtype)
     _, e, s, valid, index = _ce_parts(xp, logits, target, ignore_index)
+    g = widen(xp, g)
     scale = xp.where(valid, g, xp.zeros((), dtype=g.dtype))[..., None]
     out = e * (scale / s)
     return last_dim_add(xp, out, index, -scale)
@@ -174,6 +177,7 @@ def _ce_signatures(layouts, **_):
 _ce_comm = row_stats_comm(3, lambda logits, attrs: (logits.ndim - 1,))  # max, sum, pick
 
 
+@widened
 def _ce_composite(logits, target, ignore_index):
     """The cross entropy from reductions over ranks (class-split logits stay split)."""
     m = reduced(OPS.amax(logits, dim=-1, keepdim=True)).detach()
