@@ -50,12 +50,14 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import autograd, boxing
+from . import autograd, boxing, shapeonly
 from . import cost as cost_model
+from . import trace as _trace
 from .arrays import array_module
 from .comm import context
 from .dtypes import scalar_dtype
 from .layout import Layout
+from .meta import MetaBuffer
 from .placement import Placement
 from .registry import OPS, OpRecord
 from .runtime import get_default_dtype, world
@@ -253,16 +255,19 @@ def _constant(value, placement: Placement, dtype=None) -> Tensor:
     arr = np.asarray(value, dtype=dtype)
     if arr.dtype == object:
         raise TypeError(f"cannot use {value!r} ({type(value).__name__}) as a tensor operand")
-    xp = array_module(placement.device)
     layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
-    held = [r for r in world().held_ranks if r in placement]
-    shards = {}
-    for r in held:
-        a = xp.asarray(arr)
-        if scalar and xp is np:
-            a.flags.writeable = False
-        shards[r] = a
-    out = Tensor(layout, shards)
+    if world().meta:
+        out = Tensor(layout, MetaBuffer.of(layout))
+    else:
+        xp = array_module(placement.device)
+        held = [r for r in world().held_ranks if r in placement]
+        shards = {}
+        for r in held:
+            a = xp.asarray(arr)
+            if scalar and xp is np:
+                a.flags.writeable = False
+            shards[r] = a
+        out = Tensor(layout, shards)
     if scalar:
         if len(_constants) > 4096:
             _constants.clear()
@@ -500,9 +505,10 @@ _plans: dict = {}
 class _Plan:
     """What one (op, attributes, input layouts) resolves to, computed once: the input
     layouts after boxing (and which inputs share one boxing), the output layouts, the array
-    module, and each output's local shape per rank (so kernel bugs are caught)."""
+    module, and each output's local shape per rank (so kernel bugs are caught; computed on
+    the first run with data: a shape-only run never needs them)."""
 
-    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes", "composite", "aliases")
+    __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
                  composite: bool):
@@ -510,15 +516,22 @@ class _Plan:
         self.composite = composite
         self.single = opdef.n_outputs == 1
         if composite:
-            self.xp, self.shapes, self.aliases = None, {}, ()
+            self.xp, self._shapes, self.aliases = None, {}, ()
             return
         # per input: whether its boxing only views it (the boxed copy then shares its
         # count of in-place writes)
         self.aliases = tuple(l is not t and boxing.aliases(l, t)
                              for l, t in zip(layouts, targets))
         self.xp = array_module(out_layouts[0].placement.device)
-        p = out_layouts[0].placement
-        self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
+        self._shapes = None
+
+    @property
+    def shapes(self) -> dict:
+        if self._shapes is None:
+            p = self.out_layouts[0].placement
+            self._shapes = {r: tuple(l.local_shape(r) for l in self.out_layouts)
+                            for r in p.rank_list}
+        return self._shapes
 
 
 def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int, pinned: int,
@@ -571,15 +584,19 @@ def _boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
             del cache[target]
     context.op_stack.append(opdef.name)  # names the op in the communication log
     try:
-        copy = Tensor(target, boxing.box(t._shards, t._layout, target))
+        if type(t._shards) is MetaBuffer:  # shape-only: the steps are recorded, not run
+            copy = Tensor(target, shapeonly.box(t._shards, t._layout, target))
+        else:
+            copy = Tensor(target, boxing.box(t._shards, t._layout, target))
     finally:
         context.op_stack.pop()
     if aliases:  # views of t: they share t's count of in-place writes
         copy._version = t._version
     elif opdef.plan is None and not (t.requires_grad and t._node is None):
-        for arr in copy._shards.values():
-            if type(arr) is np.ndarray:
-                arr.flags.writeable = False
+        if type(copy._shards) is not MetaBuffer:
+            for arr in copy._shards.values():
+                if type(arr) is np.ndarray:
+                    arr.flags.writeable = False
         if cache is None:
             cache = t._boxed = {}
         cache[target] = (t._version.value, t._layout, copy)

@@ -1,0 +1,65 @@
+"""The shape-only executor: boxing plans and gradient-bucket reductions run on
+:class:`~ctensor.meta.MetaBuffer` shards, recording every step and moving nothing.
+
+Each step of a boxing plan is reported exactly as the real executor reports it (to
+``ct.debug.comm_log()`` and to open ``ct.plan`` traces), with the bytes every rank would
+feed in, computed from the layouts per class of ranks. The result's buffer mirrors the
+memory a real run holds: a step that allocates (a collective, a partial pad) makes a new
+buffer of its output layout; a step that only views its input (a slice, a relabel) keeps
+the buffer it views, as a NumPy view keeps its base.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+import numpy as np
+
+from . import boxing, debug
+from .layout import Layout
+from .meta import MetaBuffer, total_bytes
+
+__all__ = ["box", "reduce_flat"]
+
+
+def _fed(step) -> int:
+    """The bytes all ranks feed into ``step`` (what the real executor logs)."""
+    cached = getattr(step, "_meta_fed", None)
+    if cached is None:
+        if step.collective == "send_recv":
+            itemsize = step.before.dtype.itemsize
+            cached = sum(int(np.prod(m.shape, dtype=np.int64)) * itemsize
+                         for m, _ in step.messages if m.src != m.dst)
+        else:
+            cached = total_bytes(step.before)
+        step._meta_fed = cached
+    return cached
+
+
+def box(buffer: MetaBuffer, src: Layout, dst: Layout) -> MetaBuffer:
+    """The buffer of ``src`` boxed into ``dst``, recording the plan's steps."""
+    if src is dst:
+        return buffer
+    for step in boxing.plan(src, dst):
+        if step.local:
+            if not step.aliases:  # a partial pad writes a new array
+                buffer = MetaBuffer.of(step.after)
+            continue
+        with debug.boxing_step(step):
+            debug.record(step, _fed(step))
+        buffer = MetaBuffer.of(step.after)
+    return buffer
+
+
+def reduce_flat(placement, axes: tuple, scatter: bool, dtype,
+                fed: Union[int, np.ndarray], result: Union[int, np.ndarray]) -> MetaBuffer:
+    """A gradient bucket's one reduction over mesh ``axes`` (``scatter``: a
+    reduce-scatter): recorded as the real :func:`ctensor.boxing.reduce_flat` records it;
+    ``fed``/``result``: each rank's bytes of the flat buffer before and after (an int, or
+    an array over the mesh). Returns the buffer of the reduced flat."""
+    dtype = np.dtype(dtype)
+    first = int(fed if isinstance(fed, int) else np.asarray(fed).reshape(-1)[0])
+    record = boxing._Flat(placement, axes, scatter, dtype, first // dtype.itemsize)
+    if any(placement.shape[a] > 1 for a in axes):
+        total = fed * placement.size if isinstance(fed, int) else int(np.sum(fed))
+        debug.record(record, total)
+    return MetaBuffer(placement, result)
