@@ -43,11 +43,15 @@ class MetaBuffer:
     its views once.
     """
 
-    __slots__ = ("placement", "nbytes", "__weakref__")
+    __slots__ = ("placement", "nbytes", "boxing", "__weakref__")
 
-    def __init__(self, placement: Placement, nbytes: Union[int, np.ndarray]):
+    def __init__(self, placement: Placement, nbytes: Union[int, np.ndarray],
+                 boxing: bool = False):
         self.placement = placement
         self.nbytes = nbytes
+        #: made by a boxing step (a gathered or reduced copy): reported apart from the
+        #: activations it is counted with
+        self.boxing = boxing
 
     @classmethod
     def of(cls, layout: Layout) -> "MetaBuffer":

@@ -15,10 +15,12 @@ from typing import Union
 import numpy as np
 
 from . import boxing, debug
+from . import trace as _trace
 from .layout import Layout
-from .meta import MetaBuffer, total_bytes
+from .meta import MetaBuffer, rank_bytes, total_bytes
+from .tensor import Tensor
 
-__all__ = ["box", "reduce_flat"]
+__all__ = ["box", "reduce_flat", "run", "copy"]
 
 
 def _fed(step) -> int:
@@ -42,11 +44,11 @@ def box(buffer: MetaBuffer, src: Layout, dst: Layout) -> MetaBuffer:
     for step in boxing.plan(src, dst):
         if step.local:
             if not step.aliases:  # a partial pad writes a new array
-                buffer = MetaBuffer.of(step.after)
+                buffer = MetaBuffer(step.after.placement, rank_bytes(step.after), True)
             continue
         with debug.boxing_step(step):
             debug.record(step, _fed(step))
-        buffer = MetaBuffer.of(step.after)
+        buffer = MetaBuffer(step.after.placement, rank_bytes(step.after), True)
     return buffer
 
 
@@ -63,3 +65,22 @@ def reduce_flat(placement, axes: tuple, scatter: bool, dtype,
         total = fed * placement.size if isinstance(fed, int) else int(np.sum(fed))
         debug.record(record, total)
     return MetaBuffer(placement, result)
+
+
+def run(opdef, boxed, targets: tuple, out_layouts: tuple, attrs: dict, key) -> list:
+    """The outputs of one op on shape-only inputs (what dispatch calls instead of the
+    kernel loop): a view op's outputs share its input's buffer (a view costs no memory),
+    every other output gets a new buffer of its layout. Reports the kernel's work to open
+    traces."""
+    if _trace.active:
+        _trace.op(opdef, targets, out_layouts, attrs, key)
+    if opdef.view:
+        buffer = boxed[0]._shards
+        return [Tensor(l, buffer if l.placement is buffer.placement else MetaBuffer.of(l))
+                for l in out_layouts]
+    return [Tensor(l, MetaBuffer.of(l)) for l in out_layouts]
+
+
+def copy(buffer: MetaBuffer) -> MetaBuffer:
+    """A new buffer of ``buffer``'s size (what ``arr.copy()`` is to a shard)."""
+    return MetaBuffer(buffer.placement, buffer.nbytes)
