@@ -21,7 +21,9 @@ Across placements (other ranks, other mesh shape, cpu<->cuda) each target rank r
 intersections of its region with the source regions by point-to-point transfers, after the
 source's partial axes are reduce-scattered; a partial target is rebuilt locally.
 
-This module and ``comm/`` are the only places that communicate.
+This module and ``comm/`` are the only places that move tensor data (gradient buckets go
+through :func:`reduce_flat` here); besides them only the runtime's ``World.exchange`` /
+``World.agree`` talk to a communicator, for small Python objects (checks of metadata).
 """
 from __future__ import annotations
 

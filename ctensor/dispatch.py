@@ -52,7 +52,6 @@ import numpy as np
 
 from . import autograd, boxing, shapeonly
 from . import cost as cost_model
-from . import trace as _trace
 from .arrays import array_module
 from .comm import context
 from .dtypes import scalar_dtype
@@ -60,7 +59,8 @@ from .layout import Layout
 from .meta import MetaBuffer
 from .placement import Placement
 from .registry import OPS, OpRecord
-from .runtime import get_default_dtype, world
+from . import runtime
+from .runtime import world
 from .sbp import Broadcast, Partial, Split, dual, format_sbp
 from .tensor import TENSOR_TYPES, Tensor
 
@@ -68,6 +68,7 @@ B_ = Broadcast()
 P_ = Partial()
 _EPSILON = 1e-12  # seconds: what touching a layout costs at the least
 _SINGLE = (0,)
+_PAIR, _PAIR_SAME = (0, 1), (0, 0)
 #: an output left to be moved later may be moved once per consumer; moving it now once is
 #: preferred when the two otherwise tie
 _LATER = 1.01
@@ -156,15 +157,46 @@ class OpDef:
         return f"<op {self.name}>"
 
 
-def _public(front: Callable, opdef: OpDef) -> Callable:
-    """The public function: ``front`` with its first parameter (the OpDef) bound."""
-    @functools.wraps(front)
-    def public(*args, **kwargs):
-        return front(opdef, *args, **kwargs)
-
+def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable]) -> Callable:
+    """The public function: ``front`` with its first parameter (the OpDef) bound; with
+    ``keyword_error(opname, keyword, front)`` an unknown keyword raises what it returns
+    (one call layer for both: this is every op's hot path)."""
     params = list(inspect.signature(front).parameters.values())[1:]
+    accepted = frozenset(p.name for p in params
+                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                       inspect.Parameter.KEYWORD_ONLY))
+    if keyword_error is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        def public(*args, **kwargs):
+            return front(opdef, *args, **kwargs)
+    else:
+        def public(*args, **kwargs):
+            if kwargs and not accepted.issuperset(kwargs):
+                bad = next(k for k in kwargs if k not in accepted)
+                raise keyword_error(opdef.name, bad, front)
+            return front(opdef, *args, **kwargs)
+
+    functools.update_wrapper(public, front)
     public.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     return public
+
+
+def _checked_keywords(opname: str, front: Callable, keyword_error: Callable) -> Callable:
+    """``front`` (an op without a kernel: its front is the public function) with unknown
+    keywords raising ``keyword_error(opname, keyword, front)``."""
+    params = inspect.signature(front).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return front
+    accepted = frozenset(n for n, p in params.items()
+                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                       inspect.Parameter.KEYWORD_ONLY))
+
+    @functools.wraps(front)
+    def checked(*args, **kwargs):
+        if kwargs and not accepted.issuperset(kwargs):
+            bad = next(k for k in kwargs if k not in accepted)
+            raise keyword_error(opname, bad, front)
+        return front(*args, **kwargs)
+    return checked
 
 
 def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
@@ -172,7 +204,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
           composite: Optional[Callable] = None, plan: Optional[Callable] = None,
           flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
-          saves=None, method=False) -> Callable:
+          saves=None, method=False, keyword_error: Optional[Callable] = None) -> Callable:
     """Declare an op (see the module docstring): decorates its front and returns the public
     function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
 
@@ -185,6 +217,8 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     to anything else after the op is allowed. ``name`` defaults to
     the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
+    ``keyword_error(opname, keyword, front)`` makes the exception an unknown keyword
+    raises (the op families pass PyTorch's wording, see ``ops/_rules.py``).
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
@@ -193,13 +227,15 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
                 raise TypeError(f"defop({opname!r}): meta, signatures, backward, composite "
                                 f"and plan need a kernel")
             opdef, public = None, front
+            if keyword_error is not None:
+                public = _checked_keywords(opname, front, keyword_error)
         else:
             if plan is None and (meta is None or signatures is None):
                 raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
                                 f"(or a fixed plan)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
                           composite, plan, flops, view, per_axis, saves)
-            public = _public(front, opdef)
+            public = _public(front, opdef, keyword_error)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]
         method_name = (opname if method is True else method) or None
@@ -508,15 +544,19 @@ class _Plan:
     module, and each output's local shape per rank (so kernel bugs are caught; computed on
     the first run with data: a shape-only run never needs them)."""
 
-    __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases")
+    __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
+                 "moved", "verified")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
                  composite: bool):
         self.targets, self.out_layouts = targets, out_layouts
         self.composite = composite
         self.single = opdef.n_outputs == 1
+        self.verified = False  # whether a run has checked the kernel's local shapes
+        # the inputs that need boxing
+        self.moved = tuple(i for i, (l, t) in enumerate(zip(layouts, targets)) if l is not t)
         if composite:
-            self.xp, self._shapes, self.aliases = None, {}, ()
+            self.xp, self._shapes, self.aliases, self.moved = None, {}, (), ()
             return
         # per input: whether its boxing only views it (the boxed copy then shares its
         # count of in-place writes)
@@ -603,22 +643,47 @@ def _boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
     return copy
 
 
+def _conform(opdef: OpDef, arr, xp, rank: int, layout: Layout, expected: tuple):
+    """A kernel's local result as an array of the output's dtype, checked to have the
+    local shape the output layout gives ``rank`` (a mismatch is a kernel bug, never user
+    error)."""
+    if type(arr) is not np.ndarray:
+        arr = xp.asarray(arr)
+    if arr.dtype is not layout.dtype and arr.dtype != layout.dtype:
+        arr = arr.astype(layout.dtype)
+    if arr.shape != expected:
+        raise RuntimeError(f"{opdef.name}: kernel returned local shape {arr.shape} on rank "
+                           f"{rank}, expected {expected} for {format_sbp(layout.sbp)} of "
+                           f"{layout.shape}")
+    return arr
+
+
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
-    layouts = tuple([t._layout for t in tensors])
+    # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
     grads = pinned = 0  # bit i: input i needs a gradient / is a parameter
-    for i, t in enumerate(tensors):
+    if len(tensors) == 1:
+        t = tensors[0]
+        layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
-            pinned |= (t._node is None) << i
-            grads |= 1 << i
-    if opdef.backward is None or not autograd.is_grad_enabled():
+            grads, pinned = 1, int(t._node is None)
+    else:
+        layouts = tuple([t._layout for t in tensors])
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                pinned |= (t._node is None) << i
+                grads |= 1 << i
+        # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
+        if len(tensors) == 2:
+            same = _PAIR_SAME if tensors[1] is tensors[0] else _PAIR
+        else:
+            same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
+                          for i, t in enumerate(tensors)])
+    if grads and (opdef.backward is None or not autograd._grad_enabled):
         grads = 0  # (the choice weighs the backward only when there will be one)
     dests = autograd.destinations
-    # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
-    same = _SINGLE if len(tensors) == 1 else \
-        tuple([next(j for j in range(i + 1) if tensors[j] is t) for i, t in enumerate(tensors)])
-    key = (opdef, get_default_dtype(), _attrs_key(attrs) if attrs else (), layouts, dests, grads,
-           pinned, same)
+    key = (opdef, runtime._default_dtype, _attrs_key(attrs) if attrs else (), layouts, dests,
+           grads, pinned, same)
     plan = _plans.get(key)
     if plan is None:
         plan = _plan(opdef, layouts, attrs, dests, grads, pinned, same)
@@ -630,42 +695,51 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         return opdef.composite(*tensors, **attrs)
 
     boxed = tensors
-    for i, t in enumerate(tensors):
-        target = targets[i]
-        if t._layout is not target:
-            if boxed is tensors:
-                boxed = list(tensors)
-            boxed[i] = _boxed(opdef, t, target, plan.aliases[i])
+    if plan.moved:
+        boxed = list(tensors)
+        for i in plan.moved:
+            boxed[i] = _boxed(opdef, tensors[i], targets[i], plan.aliases[i])
 
-    results: list = [{} for _ in out_layouts]
-    xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
-    try:
-        for rank in boxed[0]._shards:
-            arrays = [b._shards[rank] for b in boxed]
-            if opdef.needs_ctx:
-                out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
-                             **attrs)
+    if type(boxed[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
+        outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, key)
+    else:
+        xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
+        try:
+            if single and not opdef.needs_ctx and len(boxed) <= 2:
+                # (the common case, unrolled: one output, no context, one or two inputs)
+                # (local shapes are a function of the plan: checked on its first run only)
+                result, first, check = {}, boxed[0]._shards, not plan.verified
+                second = boxed[1]._shards if len(boxed) == 2 else None
+                dtype = out_layouts[0].dtype
+                for rank, a in first.items():
+                    arr = kernel(xp, a, **attrs) if second is None else \
+                        kernel(xp, a, second[rank], **attrs)
+                    if type(arr) is not np.ndarray or arr.dtype is not dtype or \
+                            (check and arr.shape != shapes[rank][0]):
+                        arr = _conform(opdef, arr, xp, rank, out_layouts[0], shapes[rank][0])
+                    result[rank] = arr
+                plan.verified = True
+                results = (result,)
             else:
-                out = kernel(xp, *arrays, **attrs)
-            if single:
-                out = (out,)
-            expected = shapes[rank]
-            for j, arr in enumerate(out):
-                if type(arr) is not np.ndarray:
-                    arr = xp.asarray(arr)
-                dtype = out_layouts[j].dtype
-                if arr.dtype is not dtype and arr.dtype != dtype:
-                    arr = arr.astype(dtype)
-                if arr.shape != expected[j]:  # a kernel bug, never user error
-                    layout = out_layouts[j]
-                    raise RuntimeError(f"{opdef.name}: kernel returned local shape "
-                                       f"{arr.shape} on rank {rank}, expected {expected[j]} "
-                                       f"for {format_sbp(layout.sbp)} of {layout.shape}")
-                results[j][rank] = arr
-    except KeyError:
-        _stale(opdef, tensors)
-        raise
-    outputs = [Tensor(l, r) for l, r in zip(out_layouts, results)]
+                results = [{} for _ in out_layouts]
+                for rank in boxed[0]._shards:
+                    arrays = [b._shards[rank] for b in boxed]
+                    if opdef.needs_ctx:
+                        out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
+                                     **attrs)
+                    else:
+                        out = kernel(xp, *arrays, **attrs)
+                    if single:
+                        out = (out,)
+                    expected = shapes[rank]
+                    for j, arr in enumerate(out):
+                        results[j][rank] = _conform(opdef, arr, xp, rank, out_layouts[j],
+                                                    expected[j])
+        except KeyError:
+            _stale(opdef, tensors)
+            raise
+        outputs = [Tensor(out_layouts[0], results[0])] if single else \
+            [Tensor(l, r) for l, r in zip(out_layouts, results)]
     if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so
         for o in outputs:                        # its count of in-place writes
             o._version = tensors[0]._version

@@ -25,6 +25,7 @@ from . import boxing, memory
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
+from .meta import MetaBuffer, rank_bytes
 from .registry import OPS
 from .sbp import Broadcast, Partial, ReduceOp, Split, split_range
 
@@ -114,6 +115,8 @@ class _Bucket:
 
     def start(self) -> None:
         """Pack every member's shards into one buffer per rank and start the reduction."""
+        if type(self.members[0][1]._shards) is MetaBuffer:
+            return self._start_meta()
         flats, sizes = {}, None if self.scatter is None else {}
         for rank in self.members[0][1]._shards:
             xp = array_module(self.members[0][1]._shards[rank])
@@ -129,9 +132,22 @@ class _Bucket:
         self.pending = boxing.reduce_flat(flats, self.placement, self.axes, sizes,
                                           self.dtype, len(self.members))
 
+    def _start_meta(self) -> None:
+        """Shape-only: record the bucket's one reduction; its members' reduced gradients
+        are views of one flat buffer, as in a real run."""
+        from . import shapeonly  # (imports tensor, which imports this module via autograd)
+        fed = sum(rank_bytes(g._layout) for _, g, _, _ in self.members)
+        result = sum(rank_bytes(t) for _, _, t, _ in self.members)
+        self.pending = shapeonly.reduce_flat(self.placement, self.axes,
+                                             self.scatter is not None, self.dtype, fed,
+                                             result)
+
     def finish(self) -> list:
         """Wait for the reduction and give each member its reduced shard:
         ``[(leaf, reduced grad tensor)]``."""
+        if type(self.pending) is MetaBuffer:
+            return [(leaf, type(grad)(target, self.pending))
+                    for leaf, grad, target, _ in self.members]
         reduced = self.pending.wait()
         out, offset = [], {r: 0 for r in reduced}
         for leaf, grad, target, _ in self.members:
@@ -192,7 +208,8 @@ class Synchronizer:
     def progress(self) -> None:
         """Let started reductions advance (backends that progress only when called)."""
         for bucket in self.started:
-            bucket.pending.test()
+            if type(bucket.pending) is not MetaBuffer:
+                bucket.pending.test()
 
     def finish(self) -> None:
         """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
@@ -206,8 +223,11 @@ class Synchronizer:
 
 
 def _set_grad(leaf, g) -> None:
-    if g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
-                                                     leaf._shards.values())):
+    if type(g._shards) is MetaBuffer:
+        if g is leaf.grad or g._shards is leaf._shards:
+            g = OPS.clone(g)
+    elif g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
+                                                       leaf._shards.values())):
         g = OPS.clone(g)
     leaf.grad = g.detach()
     if memory.tracking:

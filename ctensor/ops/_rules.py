@@ -177,36 +177,14 @@ def unexpected_keyword(opname: str, keyword: str, front: Callable) -> TypeError:
     return TypeError(f"{head}; accepted keywords: {', '.join(names) or 'none'}")
 
 
-def pytorch_keywords(opname: str, front: Callable) -> Callable:
-    """``front`` with its keyword arguments checked before the call: an unknown one raises
-    :func:`unexpected_keyword`'s message instead of Python's generic one."""
-    params = inspect.signature(front).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return front
-    accepted = frozenset(n for n, p in params.items()
-                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                       inspect.Parameter.KEYWORD_ONLY))
-
-    @functools.wraps(front)
-    def checked(*args, **kwargs):
-        if kwargs and not accepted.issuperset(kwargs):
-            bad = next(k for k in kwargs if k not in accepted)
-            raise unexpected_keyword(opname, bad, front)
-        return front(*args, **kwargs)
-    return checked
-
-
 def defop(name: Optional[str] = None, **declaration) -> Callable:
-    """:func:`ctensor.dispatch.defop` for the op families: the same declaration, with the
-    front's keywords checked by :func:`pytorch_keywords` (``x.mean(axis=1)`` says "use
-    dim=")."""
-    def wrap(front: Callable) -> Callable:
-        return dispatch.defop(name, **declaration)(
-            pytorch_keywords(name or front.__name__, front))
-    return wrap
+    """:func:`ctensor.dispatch.defop` for the op families: the same declaration, with an
+    unknown keyword raising :func:`unexpected_keyword`'s message (``x.mean(axis=1)`` says
+    "use dim=")."""
+    return dispatch.defop(name, keyword_error=unexpected_keyword, **declaration)
 
 
-__all__ = ["defop", "pytorch_keywords", "unexpected_keyword", "ValuesIndices", "B", "P",
+__all__ = ["defop", "unexpected_keyword", "ValuesIndices", "B", "P",
            "PMAX", "PMIN", "S", "Signature", "sig", "broadcast_shapes", "norm_dim",
            "elementwise_signatures", "result_dtype", "transposed_signatures",
            "row_stats_comm", "reduced", "split_along"]
