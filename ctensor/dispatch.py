@@ -562,7 +562,14 @@ class _Plan:
         # count of in-place writes)
         self.aliases = tuple(l is not t and boxing.aliases(l, t)
                              for l, t in zip(layouts, targets))
-        self.xp = array_module(out_layouts[0].placement.device)
+        try:
+            self.xp = array_module(out_layouts[0].placement.device)
+        except RuntimeError:
+            if not world().meta:
+                raise
+            # a shape-only plan of a GPU job on a machine without CuPy: no kernel runs (and
+            # without CuPy no tensor with data can ever reach this plan)
+            self.xp = None
         self._shapes = None
 
     @property

@@ -184,8 +184,9 @@ class StepReport:
     """One planned training step (see :func:`step_report`). ``classes``: per class of
     identical ranks a dict (``ranks``: how many, ``first``: the first, ``stage``, and bytes
     ``parameters``, ``gradients``, ``optimizer``, ``activations``, ``boxing``, ``total``);
-    ``collectives``: per distinct communication step a dict (op, collective, group size,
-    groups, bytes per rank, runs per step, intra-node, seconds per step); times in seconds."""
+    ``collectives``: per distinct communication step a dict (op and phase, collective,
+    group size, number of groups, bytes per rank, runs per group and step, whether every
+    group is inside a node, seconds per group and step); times in seconds."""
 
     device: Device
     world_size: int
@@ -332,17 +333,25 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
                     boxing=int(u[5]), total=int(u[6]))
                for u, i, c in sorted(zip(unique, first, counts), key=lambda z: z[1])]
 
-    collectives = []
+    # identical steps on different stages (other placements, the same groups' shape and
+    # bytes) are one row: their groups add up, each group runs them ``runs`` times a step
+    merged: dict = {}
     for phase, comms, per in (("forward", fwd_comms, micro_batches),
                               ("backward", bwd_comms, micro_batches),
                               ("update", list(update.comms.values()), 1)):
         for c in comms:
             runs = c.count * (1 if c.op == "grad_sync" else per)
-            collectives.append(dict(op=f"{c.op} ({phase})", collective=c.collective,
-                                    group_size=c.group_size, groups=len(c.groups()),
-                                    nbytes=c.nbytes, runs=runs,
-                                    intra=is_intra_node(c, gpus_per_node),
-                                    seconds=comm_seconds(c, dev, gpus_per_node) * runs))
+            intra = is_intra_node(c, gpus_per_node)
+            key = (f"{c.op} ({phase})", c.collective, c.group_size, c.nbytes, intra)
+            row = merged.get(key)
+            if row is None:
+                row = merged[key] = dict(op=key[0], collective=c.collective,
+                                         group_size=c.group_size, groups=0, nbytes=c.nbytes,
+                                         runs=0, intra=intra, seconds=0.0)
+            row["groups"] += len(c.groups())
+            row["runs"] = max(row["runs"], runs)
+            row["seconds"] = max(row["seconds"], comm_seconds(c, dev, gpus_per_node) * runs)
+    collectives = list(merged.values())
     return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
                       in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
                       classes, collectives, model_flops)
