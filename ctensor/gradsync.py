@@ -81,6 +81,15 @@ def _reduction(src: Layout, dst: Layout):
     return (tuple(axes), None) if axes else None
 
 
+class _Kind:
+    """What a bucket keeps of a member's gradient once packed: the tensor type to rebuild."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls) -> None:
+        self.cls = cls
+
+
 class _Bucket:
     """Gradients needing one reduction; filled, then reduced by one collective."""
 
@@ -131,6 +140,13 @@ class _Bucket:
                 flats[rank] = xp.concatenate(segments)
         self.pending = boxing.reduce_flat(flats, self.placement, self.axes, sizes,
                                           self.dtype, len(self.members))
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the members' unreduced gradients once packed (the flat buffer holds their
+        values): they would otherwise stay alive until the whole backward ends."""
+        self.members = [(leaf, _Kind(type(g)), target, dim)
+                        for leaf, g, target, dim in self.members]
 
     def _start_meta(self) -> None:
         """Shape-only: record the bucket's one reduction; its members' reduced gradients
@@ -141,12 +157,13 @@ class _Bucket:
         self.pending = shapeonly.reduce_flat(self.placement, self.axes,
                                              self.scatter is not None, self.dtype, fed,
                                              result)
+        self._release()
 
     def finish(self) -> list:
         """Wait for the reduction and give each member its reduced shard:
         ``[(leaf, reduced grad tensor)]``."""
         if type(self.pending) is MetaBuffer:
-            return [(leaf, type(grad)(target, self.pending))
+            return [(leaf, grad.cls(target, self.pending))
                     for leaf, grad, target, _ in self.members]
         reduced = self.pending.wait()
         out, offset = [], {r: 0 for r in reduced}
@@ -157,7 +174,7 @@ class _Bucket:
                 n = int(np.prod(shape, dtype=np.int64))
                 shards[rank] = flat[offset[rank]:offset[rank] + n].reshape(shape)
                 offset[rank] += n
-            out.append((leaf, type(grad)(target, shards)))
+            out.append((leaf, grad.cls(target, shards)))
         return out
 
 

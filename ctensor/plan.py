@@ -7,7 +7,10 @@ recorded — the kernels and communication steps of :func:`record`'s traces and 
 * **compute**: each kernel's time on its largest shard is ``max(flops / peak, bytes /
   memory_bandwidth) / EFFICIENCY`` (``peak``: the device's half-precision peak for float16
   kernels, its float32 peak otherwise). :data:`EFFICIENCY` is one constant for every op,
-  model and device;
+  model and device. By default (``fused=True``) kernels that declare no FLOPs
+  (elementwise, softmax, LayerNorm, casts: memory-bound) are taken as fused into their
+  neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing;
+  ``fused=False`` charges them at memory bandwidth;
 * **communication**: an alpha-beta model per collective: ``latency + sent / bandwidth``
   (ring algorithms: an all-reduce sends ``2 (k-1)/k`` of its buffer, the others ``(k-1)/k``,
   a transfer its bytes), with the device's NVLink bandwidth when the whole group sits on
@@ -113,10 +116,14 @@ def record() -> Trace:
 
 
 # ----------------------------------------------------------------------------- pricing
-def op_seconds(trace: Trace, dev: Device, efficiency: float = EFFICIENCY) -> dict:
-    """``{placement: seconds}`` of the kernels in ``trace`` (each on its largest shard)."""
+def op_seconds(trace: Trace, dev: Device, efficiency: float = EFFICIENCY,
+               fused: bool = True) -> dict:
+    """``{placement: seconds}`` of the kernels in ``trace`` (each on its largest shard);
+    ``fused``: kernels without declared FLOPs (memory-bound) cost nothing."""
     out: dict = {}
     for w in trace.ops.values():
+        if fused and not w.flops:
+            continue
         peak = dev.peak_flops if w.dtype.itemsize <= 2 else dev.peak_flops_fp32
         seconds = max(w.flops / peak, w.nbytes / dev.memory_bandwidth) / efficiency
         out[w.placement] = out.get(w.placement, 0.0) + seconds
@@ -291,7 +298,7 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
                 update: Trace, memory: dict, order: Sequence, micro_batches: int,
                 schedule: str, dev: Device, gpus_per_node: int, world_size: int,
                 model_flops: Optional[float] = None,
-                efficiency: float = EFFICIENCY) -> StepReport:
+                efficiency: float = EFFICIENCY, fused: bool = True) -> StepReport:
     """Price one step from the traces of one micro-batch's ``forward`` and ``backward``
     (its ``grad_sync`` reductions run once per step) and of the optimizer ``update``.
     ``memory``: int64 vectors over ranks — ``parameters``, ``gradients``, ``optimizer``
@@ -303,9 +310,9 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
     stage_of = _stage_of(stages, world_size)
     fwd_comms = list(forward.comms.values())
     bwd_comms = list(backward.comms.values())
-    t_f = _per_stage(op_seconds(forward, dev, efficiency), fwd_comms, stage_of, n, dev,
+    t_f = _per_stage(op_seconds(forward, dev, efficiency, fused), fwd_comms, stage_of, n, dev,
                      gpus_per_node)
-    t_b = _per_stage(op_seconds(backward, dev, efficiency), bwd_comms, stage_of, n, dev,
+    t_b = _per_stage(op_seconds(backward, dev, efficiency, fused), bwd_comms, stage_of, n, dev,
                      gpus_per_node, skip=("grad_sync",))
     pipeline, in_flight = replay(order, t_f, t_b)
     sync = [0.0] * n
@@ -313,7 +320,7 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
         if c.op == "grad_sync":
             sync[stage_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpus_per_node) \
                 * c.count
-    upd = _per_stage(op_seconds(update, dev, efficiency), list(update.comms.values()),
+    upd = _per_stage(op_seconds(update, dev, efficiency, False), list(update.comms.values()),
                      stage_of, n, dev, gpus_per_node)
     tail = [a + b for a, b in zip(sync, upd)]
     slowest = int(np.argmax(tail))

@@ -69,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device-file", help="a TOML file of device descriptions "
                                          "(see ctensor/devices.toml)")
     p.add_argument("--gpus-per-node", type=_at_least(1), default=8)
+    p.add_argument("--unfused", action="store_true",
+                   help="charge memory-bound kernels (elementwise, softmax, LayerNorm) at "
+                        "memory bandwidth instead of taking them as fused into the matmuls")
     p.add_argument("--quick", action="store_true", help="a small configuration (CI)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--quick" in argv:
@@ -121,8 +124,10 @@ def build(a) -> list:
             nn.parallel.sequence_parallel(module, tp_axis=1)
         if a.precision != "fp32":
             nn.mixed_precision(module, "float16")
+        # a stage's input travels split along the sequence over the tensor axis and is
+        # gathered inside the node (Megatron's scatter/gather of pipeline transfers)
         stages.append(nn.pipeline.Stage(module, mesh,
-                                        input_sbp=(ct.sbp.split(0), ct.sbp.broadcast)))
+                                        input_sbp=(ct.sbp.split(0), ct.sbp.split(1))))
     return stages
 
 
@@ -140,7 +145,8 @@ def plan(a) -> ct.plan.StepReport:
         y = ct.zeros(micro, a.seq_len, dtype=ct.int64, placement=stages[-1].placement,
                      sbp=batch_sbp)
         ct.debug.reset_peak_memory()
-        before = meta_peaks()["current_activations"]
+        start = meta_peaks()
+        before, total_before = start["current_activations"], start["current_total"]
         with ct.plan.record() as forward:
             h = x
             for i, st in enumerate(stages):
@@ -152,7 +158,10 @@ def plan(a) -> ct.plan.StepReport:
         with ct.plan.record() as backward:
             loss.backward()
         figures = meta_peaks()
-        transient = figures["activations"] - before
+        # the peak above the start, less the gradients (made during the backward and
+        # counted with the parameters' state below)
+        transient = np.maximum(figures["total"] - total_before
+                               - figures["current_gradients"], saved)
         del h, loss
         with ct.plan.record() as update:
             optimizer.step()
@@ -167,7 +176,7 @@ def plan(a) -> ct.plan.StepReport:
                                    order=order, micro_batches=a.micro_batches,
                                    schedule=a.schedule, dev=ct.plan.device(a.device),
                                    gpus_per_node=a.gpus_per_node, world_size=world,
-                                   model_flops=model_flops(a))
+                                   model_flops=model_flops(a), fused=not a.unfused)
 
 
 def run(argv=None) -> ct.plan.StepReport:
