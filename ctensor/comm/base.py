@@ -44,6 +44,11 @@ class Pending:
     def __init__(self, result: Optional[dict] = None, wait=None, test=None):
         self._result, self._wait, self._test = result, wait, test
 
+    @property
+    def done(self) -> bool:
+        """Whether :meth:`wait` has already returned (its result is kept)."""
+        return self._wait is None
+
     def test(self) -> bool:
         if self._result is not None or self._test is None:
             return True
@@ -120,6 +125,20 @@ class Communicator(ABC):
                              sizes: Sequence[int]) -> Pending:
         """:meth:`reduce_scatter`, started (see :meth:`all_reduce_start`)."""
         return Pending(self.reduce_scatter(group, bufs, op, dim, sizes))
+
+    def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
+        """:meth:`exchange`, started: returns at once, and the returned :class:`Pending`'s
+        ``wait()`` gives ``{message: array}`` for the messages this process receives,
+        waiting only for those. Sends complete in the background (the sender never waits
+        for its receiver); ``sends`` are snapshots the caller no longer writes to. Ranks
+        start the exchanges between one pair in the same order, as with every collective.
+        Here it runs at once."""
+        return Pending(self.exchange(messages, sends))
+
+    def all_gather_start(self, group: Group, bufs: Shards, dim: int,
+                         sizes: Sequence[int]) -> Pending:
+        """:meth:`all_gather`, started (see :meth:`all_reduce_start`)."""
+        return Pending(self.all_gather(group, bufs, dim, sizes))
 
     def barrier(self) -> None:
         """Wait for every rank of the world (no-op where the process holds all ranks)."""
