@@ -178,7 +178,7 @@ tanh = _unary("tanh", lambda xp, x: xp.tanh(x),
               lambda ctx, g: (g * (1.0 - ctx.outputs[0] * ctx.outputs[0]),), kind="float")
 sigmoid = _unary("sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0),
                  lambda ctx, g: (g * ctx.outputs[0] * (1.0 - ctx.outputs[0]),), kind="float")
-relu = _unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype),
+relu = _unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
               lambda ctx, g: (OPS.where(ctx.inputs[0] > 0, g, 0.0),))
 square = _unary("square", lambda xp, x: x * x, lambda ctx, g: (2.0 * g * ctx.inputs[0],))
 sin = _unary("sin", lambda xp, x: xp.sin(x), lambda ctx, g: (g * OPS.cos(ctx.inputs[0]),),
