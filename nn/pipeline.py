@@ -248,80 +248,150 @@ def pipeline_step(stages: Sequence[Stage], inputs: Sequence, loss_fn: Callable,
     _check_counts("pipeline_step", p, M, kind, num_model_chunks)
     order = schedule(p, M, kind, num_model_chunks)
 
-    held = ct.runtime.world().held_ranks
-    mine = [any(r in s.placement for r in held) for s in stages]
-    rng = ct.random.get_state()
-    base = rng["counter"]
-    prefix = {}  # (j, m) -> random calls of stages 0..j-1 for micro-batch m
-    arriving, grads_arriving = {}, {}  # (j, m) -> PendingTensor of stage j's input / out grad
-    stage_in, stage_out, losses = {}, {}, []
-    recorder = timeline._start(stages, p, M, num_model_chunks, kind, held) \
-        if timeline is not None else None
-    for ev in order:
-        k, j, m = ev
-        stage = stages[j]
+    walk = _Walk(stages, inputs, loss_fn, targets, timeline, p, num_model_chunks, kind)
+    for k, j, m in order:
         begin = time.perf_counter()
-        if k == FORWARD:
-            if j == 0:
-                x = inputs[m]
-                if x.placement != stage.placement:
-                    x = x.to_global(stage.placement, _input_sbp(stage, x))
+        ready = walk.forward(j, m) if k == FORWARD else walk.backward(j, m)
+        if walk.recorder is not None and walk.mine[j]:
+            walk.recorder.event(k, j, m, begin, ready or begin, time.perf_counter())
+    return walk.finish()
+
+
+def _like(t, placement=None, sbp=None):
+    """A tensor of ``t``'s shape and dtype on ``placement`` (default ``t``'s), holding nothing
+    of value: what a rank outside the placement uses for a layout (it allocates nothing)."""
+    return ct.zeros(t.shape, dtype=t.dtype, placement=placement or t.placement,
+                    sbp=sbp if sbp is not None else t.sbp)
+
+
+class _Walk:
+    """The state of one :func:`pipeline_step` on this process while it walks the order.
+
+    A rank runs its own stages' events. Of another stage it needs only layouts: the shape,
+    dtype and SBP of what that stage hands on (to post the receive of a move it takes part
+    in, to build the loss). It learns them by running the stage once on a tensor it holds
+    no shard of (the ops find nothing to compute), for each input layout, and afterwards
+    uses a tensor of that layout that holds nothing; that first run's graph is kept, and
+    backed through at the stage's last backward, so that every parameter's (empty here)
+    ``.grad`` looks as on the stage's own ranks. The random-number offset of micro-batch
+    ``m`` at stage ``j`` travels with the activation, as a one-element tensor."""
+
+    def __init__(self, stages, inputs, loss_fn, targets, timeline, p, v, kind):
+        self.stages, self.inputs, self.loss_fn, self.targets = stages, inputs, loss_fn, targets
+        self.J, self.M = len(stages), len(inputs)
+        held = ct.runtime.world().held_ranks
+        self.held = held
+        self.mine = [any(r in s.placement for r in held) for s in stages]
+        self.rng = ct.random.get_state()
+        self.base = self.rng["counter"]
+        self.arriving: dict = {}   # (j, m) -> (PendingTensor of the input, of its offset)
+        self.grads: dict = {}      # (j, m) -> PendingTensor of stage j's output gradient
+        self.inputs_of: dict = {}  # (j, m) -> stage j's input (kept for its backward)
+        self.outputs: dict = {}    # (j, m) -> stage j's output (its graph, or a layout)
+        self.learned: dict = {}    # (j, input layout) -> a tensor of the output's layout
+        self.first: dict = {}      # j -> the output of the run that learned it (its graph)
+        self.losses: list = []
+        self.recorder = timeline._start(stages, p, self.M, v, kind, held) \
+            if timeline is not None else None
+
+    def _run(self, j: int, m: int, x):
+        out = self.stages[j].module(x)
+        if j == self.J - 1:
+            out = self.loss_fn(out, self.targets[m]) * (1.0 / self.M)
+        return out
+
+    def forward(self, j: int, m: int) -> Optional[float]:
+        stage, mine = self.stages[j], self.mine[j]
+        offset = 0
+        if j == 0:
+            x = self.inputs[m]
+            if x.placement != stage.placement:
+                x = x.to_global(stage.placement, _input_sbp(stage, x))
+        else:
+            moving, moving_offset = self.arriving.pop((j, m))
+            if moving is None:  # neither end of the move: only the layout matters here
+                y = self.outputs[(j - 1, m)]
+                x = _like(y, stage.placement, _input_sbp(stage, y))
             else:
-                x = arriving.pop((j, m)).wait()
-            ready = time.perf_counter()
-            if j > 0 and x.dtype.kind in "fc":
-                x = x.detach().requires_grad_()
-            stage_in[(j, m)] = x
-            start = prefix.get((j, m), 0)
-            ct.random.set_state({"seed": rng["seed"],
-                                 "counter": (base + m * RNG_STRIDE + start) % (1 << 64)})
-            if recorder is not None and mine[j]:
-                with recorder.saving(j, m):
-                    out = stage.module(x)
-                    if j == J - 1:
-                        out = loss_fn(out, targets[m]) * (1.0 / M)
+                x = moving.wait()
+                if mine:
+                    offset = int(next(iter(moving_offset.wait().local_shards().values()))[0])
+        ready = time.perf_counter()
+        if j > 0 and x.dtype.kind in "fc":
+            x = x.detach().requires_grad_()
+        self.inputs_of[(j, m)] = x
+        if mine:
+            start = self.base + m * RNG_STRIDE + offset
+            ct.random.set_state({"seed": self.rng["seed"], "counter": start % (1 << 64)})
+            if self.recorder is not None:
+                with self.recorder.saving(j, m):
+                    out = self._run(j, m, x)
             else:
-                out = stage.module(x)
-                if j == J - 1:
-                    out = loss_fn(out, targets[m]) * (1.0 / M)
-            calls = (ct.random.get_state()["counter"] - base - m * RNG_STRIDE) % (1 << 64)
+                out = self._run(j, m, x)
+            calls = (ct.random.get_state()["counter"] - self.base - m * RNG_STRIDE) % (1 << 64)
             if calls >= RNG_STRIDE:
                 raise RuntimeError(f"pipeline_step: micro-batch {m} drew more than 2**32 "
                                    f"random numbers")
-            if j == J - 1:
-                losses.append(out.detach())
-            else:  # hand the output to the next stage now: the producer does not wait
-                prefix[(j + 1, m)] = calls
-                nxt = stages[j + 1]
-                y = out.detach()
-                arriving[(j + 1, m)] = y.to_global(nxt.placement, _input_sbp(nxt, y),
-                                                   async_op=True)
-            stage_out[(j, m)] = out
         else:
-            out = stage_out.pop((j, m))
-            grad = None
-            if j < J - 1:
-                grad = grads_arriving.pop((j, m)).wait()
+            key = (j, x._layout)
+            if key not in self.learned:
+                out = self._run(j, m, x)
+                self.learned[key] = _like(out.detach())
+                self.first.setdefault(j, out)
+            else:
+                out = self.learned[key]
+            calls = 0
+        if j == self.J - 1:
+            self.losses.append(out.detach())
+        elif mine or self.mine[j + 1]:  # hand the output on now: the producer does not wait
+            nxt = self.stages[j + 1]
+            y = out.detach()
+            offset_now = ct.full((1,), calls, dtype=ct.int64, placement=stage.placement,
+                                 sbp=(ct.sbp.broadcast,) * stage.placement.ndim)
+            self.arriving[(j + 1, m)] = (
+                y.to_global(nxt.placement, _input_sbp(nxt, y), async_op=True),
+                offset_now.to_global(nxt.placement, (ct.sbp.broadcast,) * nxt.placement.ndim,
+                                     async_op=True))
+        else:
+            self.arriving[(j + 1, m)] = (None, None)  # a move this rank takes no part in
+        self.outputs[(j, m)] = out
+        return ready
+
+    def backward(self, j: int, m: int) -> Optional[float]:
+        out = self.outputs.pop((j, m))
+        x = self.inputs_of.pop((j, m))
+        ready = None
+        sends = j > 0 and x.requires_grad
+        if self.mine[j]:
+            grad = self.grads.pop((j, m)).wait() if j < self.J - 1 else None
             ready = time.perf_counter()
-            if m == M - 1:  # the stage's last backward synchronises its gradients
+            if m == self.M - 1:  # the stage's last backward synchronises its gradients
                 out.backward(grad)
             else:
                 with ct.autograd.no_sync():
                     out.backward(grad)
-            x = stage_in.pop((j, m))
-            if j > 0 and x.requires_grad and x.grad is not None:
-                # back to the layout of the previous stage's output, now (B(j - 1, m) comes
-                # later and pops that output)
-                prev = stage_out[(j - 1, m)]
-                grads_arriving[(j - 1, m)] = x.grad.to_global(prev.placement, prev.sbp,
-                                                              async_op=True)
-        if recorder is not None and mine[j]:
-            recorder.event(k, j, m, begin, ready, time.perf_counter())
-    ct.random.set_state({"seed": rng["seed"], "counter": (base + M * RNG_STRIDE) % (1 << 64)})
-    total = losses[0]
-    for loss in losses[1:]:
-        total = total + loss
-    value = float(total.item())
-    if recorder is not None:
-        recorder.finish()
-    return value
+            if sends:  # in the input's own layout, which every rank knows
+                g = x.grad if x.grad is not None else ct.zeros_like(x)
+                g = g.detach().to_global(x.placement, x.sbp)
+        else:
+            if m == self.M - 1 and j in self.first:  # see the class docstring
+                first = self.first.pop(j)
+                first.backward(None if j == self.J - 1 else _like(first))
+            sends = sends and self.mine[j - 1]  # the receiving end needs the layouts only
+            if sends:
+                g = _like(x)
+        if sends:  # back to the previous stage's output layout, now: B(j - 1, m) pops it
+            prev = self.outputs[(j - 1, m)]
+            self.grads[(j - 1, m)] = g.to_global(prev.placement, prev.sbp, async_op=True)
+        return ready
+
+    def finish(self) -> float:
+        ct.random.set_state({"seed": self.rng["seed"],
+                             "counter": (self.base + self.M * RNG_STRIDE) % (1 << 64)})
+        total = self.losses[0]
+        for loss in self.losses[1:]:
+            total = total + loss
+        value = float(total.item())
+        if self.recorder is not None:
+            self.recorder.finish()
+        return value
