@@ -10,17 +10,20 @@ move). Gradients of parameters accumulate over micro-batches without communicati
 
 **One order, walked by every rank.** :func:`schedule` merges the per-device orders of the
 literature's schedules into one global order of ``(F|B, stage, micro_batch)`` events, the
-same on every rank. Every rank walks it: where it holds part of the stage it computes;
-elsewhere the stage's ops find no shards and cost only their bookkeeping, and a transfer it
-neither sends nor receives is nothing. Each rank thus runs its own stage's events in its
-device's order and waits only for its own inputs and gradients.
+same on every rank. Every rank walks it and computes the events of the stages it holds part
+of; of another stage it needs only the layout of what the stage hands on (to post the
+receive of a move it takes part in), which it learns by running that stage once on a
+tensor it holds nothing of (per input layout: the ops find no shards to compute). Each rank
+thus runs its own stages' events in its device's order and waits only for its own inputs
+and gradients. A stage's module must therefore communicate only within its placement (no
+``.item()`` or ``.numpy()`` inside a stage: that would need the other ranks too).
 
 **Random numbers do not depend on the schedule or the layout.** Micro-batch ``m`` draws
 from its own range of the generator's call counter: stage ``j``'s forward of micro-batch
-``m`` starts at ``base + m * 2**32 + (the calls of stages 0..j-1 for m)``, which every rank
-knows (it walked those forwards), so a dropout mask is the same whatever the number of
-stages, the schedule (GPipe, 1F1B, interleaved) or the order the micro-batches' forwards
-run in; after the step the counter is ``base + M * 2**32`` on every rank.
+``m`` starts at ``base + m * 2**32 + (the calls of stages 0..j-1 for m)`` — a number that
+travels with the activation — so a dropout mask is the same whatever the number of stages,
+the schedule (GPipe, 1F1B, interleaved) or the order the micro-batches' forwards run in;
+after the step the counter is ``base + M * 2**32`` on every rank.
 
 Schedules (``kind``): ``"gpipe"`` (Huang et al. 2019: every forward, then every backward;
 each stage keeps all ``m`` micro-batches' activations), ``"1f1b"`` (PipeDream-flush,
