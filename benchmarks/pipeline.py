@@ -405,7 +405,11 @@ def bench_gpt(a, comm) -> None:
                        for k, b in tl["peak_activation_bytes"].items())
         print(f"{name:<24}{r['tokens_per_s']:>9.0f}{r['tokens_per_s'] / one:>7.2f}x  "
               f"{idle:<34}{mem}")
-    print(f"(pictures of the last steps: {tmp}/*.svg)")
+    if a.quick:  # a check that it runs: nothing to keep
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        print(f"(pictures of the last steps: {tmp}/*.svg)")
 
 
 def main(argv=None) -> None:
