@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dispatch import as_tensor, start
+from ..dispatch import as_tensor
+from ..pending import start
 from ..dtypes import to_dtype
 from ..layout import Layout
 from ..placement import Placement

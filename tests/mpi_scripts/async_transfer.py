@@ -30,5 +30,6 @@ if how == "receiver-leaves" and ct.rank() == 1:
 x = ct.zeros(rows, rows if how == "receiver-leaves" else 3, placement=src)
 moving = x.to_global(dst, ct.sbp.broadcast, async_op=True)
 y = moving.wait()
-print(f"rank {ct.rank()} finished with {float(y.sum().item()) if how == 'normal' else 0}",
-      flush=True)
+total = float(y.sum().item()) if how == "normal" else 0
+sys.stdout.write(f"rank {ct.rank()} finished with {total}\n")  # one write: lines stay whole
+sys.stdout.flush()
