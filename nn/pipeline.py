@@ -248,7 +248,7 @@ def pipeline_step(stages: Sequence[Stage], inputs: Sequence, loss_fn: Callable,
                         f"or None, got {type(timeline).__name__}")
     p = _devices(stages, num_model_chunks)
     _check_counts("pipeline_step", p, len(inputs), kind, num_model_chunks)
-    order = schedule(p, M, kind, num_model_chunks)
+    order = schedule(p, len(inputs), kind, num_model_chunks)
 
     walk = _Walk(stages, inputs, loss_fn, targets, timeline, p, num_model_chunks, kind)
     for k, j, m in order:
