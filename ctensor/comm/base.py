@@ -44,11 +44,6 @@ class Pending:
     def __init__(self, result: Optional[dict] = None, wait=None, test=None):
         self._result, self._wait, self._test = result, wait, test
 
-    @property
-    def done(self) -> bool:
-        """Whether :meth:`wait` has already returned (its result is kept)."""
-        return self._wait is None
-
     def test(self) -> bool:
         if self._result is not None or self._test is None:
             return True
