@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import add_quick, mpiexec, positive_int, settle
+from harness import add_quick, free_port, mpiexec, positive_int, settle
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "gpt" / "train.py"
@@ -348,15 +347,6 @@ def check_steps(with_torch: bool) -> float:
                          f"ctensor's loss and gradients (max relative difference "
                          f"{worst:.1e}); their timings would be meaningless")
     return worst
-
-
-def free_port(comm) -> int:
-    port = 0
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port, root=0)
 
 
 def ddp_worker(a) -> None:

@@ -155,7 +155,8 @@ def check_against_ctensor(n_layer: int = 2, n_head: int = 2, n_embd: int = 16, v
     import numpy as np
     import ctensor as ct
     import ctensor.nn as nn
-    from ctensor.runtime import array_module, default_device
+    from ctensor.arrays import array_module
+    from ctensor.runtime import default_device
     xp = array_module(device)
     host = (lambda a: a.get()) if xp is not np else np.asarray
     previous = default_device()

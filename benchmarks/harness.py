@@ -7,6 +7,7 @@ CI does). An option given explicitly wins over both.
 from __future__ import annotations
 
 import argparse
+import socket
 import os
 import shutil
 import statistics
@@ -71,3 +72,14 @@ def slowest_median(fn: Callable[[], object], repeats: int, comm) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return comm.allreduce(statistics.median(times), op=MPI.MAX)
+
+
+def free_port(comm) -> int:
+    """A free localhost port chosen by rank 0 and told to every rank (for torch.distributed
+    peers initialised over TCP)."""
+    port = 0
+    if comm.rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    return comm.bcast(port, root=0)

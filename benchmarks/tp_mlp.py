@@ -23,10 +23,9 @@ hand-placed optimum: one all-reduce of T*H*itemsize bytes. One BLAS thread per r
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Optional
 
 import harness
 
@@ -36,7 +35,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ctensor as ct  # noqa: E402
-from harness import add_quick, positive_int, settle  # noqa: E402
+from harness import add_quick, free_port, positive_int, settle  # noqa: E402
 
 TARGET = 1.15  # ctensor's step time / the floor's
 
@@ -109,16 +108,6 @@ class Ctensor:
 
 
 # ----------------------------------------------------------------------------- DTensor
-def free_port(comm) -> int:
-    """A free localhost port chosen by rank 0 and told to every rank."""
-    port = 0
-    if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port, root=0)
-
-
 class DTensor:
     """The step in PyTorch DTensor (gloo, one process per MPI rank, one host)."""
 

@@ -1,11 +1,13 @@
 """Array-module helpers: which module (NumPy or CuPy) holds an array, and moves between them.
 
 The one place that tells NumPy and CuPy arrays apart. CuPy is imported lazily (through
-:mod:`ctensor.cuda`), so nothing here needs it on a CPU-only machine.
+:mod:`ctensor._device`), so nothing here needs it on a CPU-only machine.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from . import _device
 
 __all__ = ["array_module", "is_host", "to_host", "to_device"]
 
@@ -24,9 +26,8 @@ def array_module(arr_or_device):
         return np
     else:
         device = "cpu" if is_host(arr_or_device) else "cuda"
-    if device == "cuda":
-        from . import cuda  # CuPy on this rank's GPU, or a RuntimeError saying what to install
-        return cuda.module()
+    if device == "cuda":  # CuPy on this rank's GPU, or an error saying what to install
+        return _device.module()
     return np
 
 

@@ -19,8 +19,8 @@ from . import gradsync
 from .registry import OPS
 from .sbp import Broadcast, dual
 
-__all__ = ["Node", "backward", "grad", "Function", "FunctionContext", "saved_tensors_hooks",
-           "no_grad",
+__all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
+           "FunctionContext", "saved_tensors_hooks", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size"]
 
@@ -165,13 +165,16 @@ def _topological(roots) -> list:
 def _toward(tensors) -> Optional[tuple]:
     """Where the gradients of ``tensors`` are headed: per tensor ``(shape, placement, sbp)``
     with, per mesh axis, the SBP its gradient is wanted in — a split tensor's gradient
-    split alike, a partial one's replicated (dual) — or None (a replicated tensor's gradient
-    may come out replicated or partial, whichever is free)."""
+    split alike, a partial one's replicated, a replicated leaf's partial (the dual: the
+    gradient buckets reduce it) — or None (a replicated intermediate's gradient may come
+    out replicated or partial, whichever is free)."""
     out = []
     for t in tensors:
         if t is None:
             continue
-        want = tuple(None if isinstance(s, Broadcast) else d
+        # a leaf's gradient goes to a bucket, which reduces partial sums best: partial it is
+        leaf = t._node is None
+        want = tuple(None if isinstance(s, Broadcast) and not leaf else d
                      for s, d in zip(t._layout.sbp, dual(t._layout.sbp)))
         if any(w is not None for w in want):
             out.append((t._layout.shape, t._layout.placement, want))
@@ -257,6 +260,11 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
                         uses[id(t)] -= 1
                         if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
                             sync.deposit(*leaf_grads.pop(id(t)))
+                if not retain_graph and node.backward_fn is None:
+                    # the node has run for good: let go of its inputs, so activations are
+                    # freed as the backward goes (not only when the graph's last tensor
+                    # goes); a second backward through it still raises, via backward_fn
+                    node.inputs = ()
                 if sync is not None:
                     sync.progress()
             if capture is not None:
@@ -337,6 +345,49 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: Optional[bool] = None
             g = g.to_global(t.placement, t.sbp)
             result.append((g.to(t.dtype) if g.dtype != t.dtype else g).detach())
     return tuple(result)
+
+
+def raw_grad(outputs: Sequence, inputs: Sequence, grad_outputs: Sequence) -> tuple:
+    """The gradients of ``outputs`` (seeded with ``grad_outputs``, ``None`` for none) with
+    respect to ``inputs``, each as the graph produced it: in the layout and dtype of its
+    last op (partial where a sum over ranks is still owed), ``None`` where an input was not
+    reached; no ``.grad`` is touched and nothing is reduced.
+
+    This is what a :class:`Function`'s ``backward`` returns for its inputs when it runs a
+    graph of its own (activation recompute, :func:`ctensor.nn.utils.checkpoint`): the
+    backward pass that called it then accumulates, buckets and reduces those gradients
+    exactly as if the inner graph had been part of it. Unlike :func:`grad` it neither boxes
+    the gradients to the inputs' layouts (which would all-reduce every parameter's gradient
+    on its own, and also inside ``no_sync``) nor checks that every input was used.
+
+    >>> gx, gw = ct.autograd.raw_grad([y], [x, w], [g])
+    """
+    pairs = [(o, g) for o, g in zip(outputs, grad_outputs)
+             if g is not None and getattr(o, "requires_grad", False)]
+    if not pairs:
+        return tuple(None for _ in inputs)
+    captured = _run([o for o, _ in pairs], [g for _, g in pairs], False,
+                    capture={id(t) for t in inputs})
+    return tuple(captured.get(id(t)) for t in inputs)
+
+
+@contextlib.contextmanager
+def forward_context() -> Iterator[None]:
+    """Run a forward pass from inside a backward function (activation recompute) as if it
+    ran outside any backward: grad mode on and no gradient destinations for dispatch to
+    weigh, so every op picks the very signatures (and so computes the very bits) that it
+    picked in the original forward.
+
+    >>> with ct.autograd.forward_context():
+    ...     y = block(x)            # recomputed, recorded on a fresh graph
+    """
+    global destinations
+    previous, destinations = destinations, None
+    try:
+        with enable_grad():
+            yield
+    finally:
+        destinations = previous
 
 
 class FunctionContext:

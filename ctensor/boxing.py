@@ -29,7 +29,9 @@ and returns a :class:`~ctensor.comm.base.Pending`; ``wait()`` completes it and r
 of the plan. Pipeline stages hand their outputs over with it; gradient buckets
 (:func:`reduce_flat`) and parameter prefetching use the same started collectives.
 
-This module and ``comm/`` are the only places that communicate.
+This module and ``comm/`` are the only places that move tensor data (gradient buckets go
+through :func:`reduce_flat` here); besides them only the runtime's ``World.exchange`` /
+``World.agree`` talk to a communicator, for small Python objects (checks of metadata).
 """
 from __future__ import annotations
 
@@ -481,6 +483,11 @@ def aliases(src: Layout, dst: Layout) -> bool:
     """Whether boxing ``src`` into ``dst`` gives views of the source shards (slices and
     relabels only), so that writes to the source show in the result."""
     return all(step.aliases for step in plan(src, dst))
+
+
+def communicates(src: Layout, dst: Layout) -> bool:
+    """Whether boxing ``src`` into ``dst`` moves data between ranks."""
+    return any(not step.local for step in plan(src, dst))
 
 
 def cost(src: Layout, dst: Layout) -> float:

@@ -32,11 +32,11 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from .arrays import to_host
-from .creation import from_local, generate, resolve
+from .creation import generate, resolve
 from .layout import intersect, slices
 from .placement import Placement
 from .runtime import world
-from .sbp import Split, without_partial
+from .sbp import without_partial
 from .tensor import Tensor
 
 __all__ = ["save", "load"]
@@ -106,10 +106,8 @@ def _sbp_text(s) -> str:
 def _agree(error: Optional[BaseException], what: str) -> None:
     """Collective: raise on every rank if any rank failed (its own error where it failed)."""
     w = world()
-    flags = {r: np.array([0 if error is None else 1], dtype=np.int64) for r in w.held_ranks}
-    local = flags if len(w.held_ranks) > 1 else flags[w.held_ranks[0]]
-    everyone = from_local(local, Placement("cpu", list(range(w.size))), Split(0))
-    failed = [r for r, f in enumerate(everyone.numpy().tolist()) if f]
+    flags = w.exchange({r: error is not None for r in w.held_ranks})
+    failed = [r for r, f in enumerate(flags) if f]
     if error is not None:
         raise error
     if failed:

@@ -22,7 +22,7 @@ speeds that matter for a choice, not any particular machine. Change them with
 :func:`set_machine`.
 
 >>> ct.cost.machine("cpu")
-Machine(latency=2e-05, link_bandwidth=4000000000.0, flop_rate=20000000000.0, memory_bandwidth=8000000000.0)
+Machine(latency=2e-05, link_bandwidth=6000000000.0, flop_rate=50000000000.0, memory_bandwidth=40000000000.0)
 """
 from __future__ import annotations
 
@@ -50,8 +50,10 @@ class Machine:
 
 
 _DEFAULTS = {
-    # a multi-core CPU host and an MPI link of a few GB/s
-    "cpu": Machine(latency=20e-6, link_bandwidth=4e9, flop_rate=20e9, memory_bandwidth=8e9),
+    # one CPU core per rank and MPI over shared memory, as measured on the 2-core development
+    # machine (2026-12): raw MPI moves 5-10 GB/s, a ctensor collective costs ~20 us of its own
+    # (guard, watchdog, Python); NumPy streams ~40 GB/s and multiplies ~50 GFLOP/s (float64)
+    "cpu": Machine(latency=20e-6, link_bandwidth=6e9, flop_rate=50e9, memory_bandwidth=40e9),
     # a data-centre GPU with NVLink-class links
     "cuda": Machine(latency=15e-6, link_bandwidth=100e9, flop_rate=50e12,
                     memory_bandwidth=2e12),

@@ -156,7 +156,7 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
                 (tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
             for r in w.held_ranks}
     world_ranks = tuple(range(w.size))
-    listing = next(iter(w.comm.all_gather_object(world_ranks, meta).values()))
+    listing = w.exchange(meta)
     failed = {r: m for r, m in zip(world_ranks, listing) if isinstance(m, str)}
     if problem is not None:
         raise problem

@@ -7,7 +7,9 @@
   before every MPI collective, so ranks that run different collectives (on different
   groups too) get a :class:`~ctensor.errors.DivergenceError` instead of a hang;
 * :func:`check_tensor_data` switches off (or on again) the check, on by default, that
-  every rank passed ``ct.tensor`` the same data.
+  every rank passed ``ct.tensor`` the same data;
+* :func:`track_memory` and :func:`memory` count the bytes of shards each rank holds, now
+  and at peak, by kind (parameters, gradients, optimizer states, activations).
 
 Under mpiexec, whether or not debug mode is on, a collective whose members disagree on
 what they run raises :class:`~ctensor.errors.DivergenceError` before its data moves, one
@@ -25,12 +27,14 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from . import memory as _memory
 from .comm import context
 
-__all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture",
+__all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
            "check_same_data",
-           "boxing_step", "current_context", "describe_step"]
+           "boxing_step", "current_context", "describe_step",
+           "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats"]
 
 
 # ----------------------------------------------------------------------------- comm log
@@ -149,17 +153,7 @@ def current_context() -> tuple:
     return context.current()
 
 
-def describe_step(step) -> str:
-    """One line about a boxing step: collective, SBPs, shape, dtype and placement(s)."""
-    from .sbp import format_sbp
-    before, after = step.before, step.after
-    axis = "" if getattr(step, "mesh_axis", None) is None else f" on mesh axis {step.mesh_axis}"
-    what = f"{tuple(before.shape)} {before.dtype}"
-    if before.placement == after.placement:
-        return (f"{step.collective}{axis} {format_sbp(before.sbp)} -> {format_sbp(after.sbp)} "
-                f"of {what} on {before.placement!r}")
-    return (f"{step.collective} of {what} from {format_sbp(before.sbp)} on "
-            f"{before.placement!r} to {format_sbp(after.sbp)} on {after.placement!r}")
+describe_step = context.describe_step
 
 
 def record(step, nbytes: int) -> None:
@@ -308,7 +302,6 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
     of ``placement`` passed the same ``data`` (shape, dtype and values), with one all-reduce
     of a 32-byte digest; raise ``ValueError`` on every rank of the placement otherwise."""
     from . import runtime
-    from .sbp import ReduceOp
     w = runtime.world()
     if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_tensor_data:
         return
@@ -320,13 +313,11 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
     total, weighted = _data_digest(arr)
     total ^= hash((arr.shape, arr.dtype.num)) & ((1 << 64) - 1)  # ints only: the same everywhere
     mine = np.array([total, weighted], dtype=np.uint64).view(np.int64)
-    # the maximum of the digest and of its complement (= -1 - minimum): equal iff all agree
-    seen = w.comm.all_reduce(group, {me: np.concatenate([mine, ~mine])}, ReduceOp.MAX)[me]
-    if np.array_equal(seen[:2], mine) and np.array_equal(seen[2:], ~mine):
+    if w.agree({me: mine}, group):
         return
     # some rank differs, and every rank of the group knows it: find out which ones
     mine_text = (tuple(arr.shape), str(arr.dtype), f"{total:016x}{weighted:016x}")
-    listing = w.comm.all_gather_object(group, {me: mine_text})[me]
+    listing = w.exchange({me: mine_text}, group)
     reference = listing[0]
     differ = [r for r, m in zip(group, listing) if m != reference]
     seen_text = "; ".join(f"rank {r}: shape {s} {d}, digest {h[:8]}"
@@ -339,6 +330,21 @@ def check_same_data(fn: str, data: np.ndarray, placement) -> None:
         f"random generator alike (np.random.default_rng(0); an unseeded np.random call gives "
         f"each rank different numbers) and make nothing depend on the rank; or pass each "
         f"rank's own shard to ct.from_local.")
+
+
+def per_rank(value) -> list:
+    """Every rank's ``value`` (small Python objects: numbers, strings, tuples), as a list in
+    rank order, on every rank (collective). In a simulation pass ``{rank: value}`` for the
+    ranks it holds, or one value that stands for all of them.
+
+    >>> ct.debug.per_rank(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    [181424, 180992]
+    """
+    from . import runtime
+    w = runtime.world()
+    objs = value if isinstance(value, dict) and set(value) == set(w.held_ranks) else \
+        {r: value for r in w.held_ranks}
+    return w.exchange(objs)
 
 
 # ----------------------------------------------------------------------------- picture
@@ -429,3 +435,124 @@ def visualize(x) -> Picture:
         cells = [[_cell(layout, int(r), marks, me) for r in row] for row in sub]
         lines += _grid(cells)
     return Picture("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- memory
+class track_memory:
+    """Turn on (or off) counting the bytes of shards held, for :func:`memory`.
+
+    From the call on (or inside a ``with`` block), every tensor's shards are counted per
+    rank and kind until they are freed; tensors alive when it starts are counted too.
+    Off (the default), nothing is counted and nothing costs. Turning it off forgets
+    every figure. Per process: call it on every rank that should count.
+
+    >>> with ct.debug.track_memory():
+    ...     loss = model(x, y)[1]; loss.backward(); opt.step()
+    ...     print(ct.debug.memory())
+    """
+
+    def __init__(self, enabled: bool = True):
+        if not isinstance(enabled, bool):
+            raise TypeError(f"track_memory: argument 'enabled' must be True or False, got "
+                            f"{enabled!r}")
+        self._previous = _memory.tracking
+        (_memory.enable if enabled else _memory.disable)()
+
+    def __enter__(self) -> "track_memory":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self._previous:
+            _memory.disable()
+
+    def __repr__(self) -> str:
+        return f"track_memory(enabled={_memory.tracking})"
+
+
+@dataclass(frozen=True)
+class MemoryStats:
+    """Bytes of shards one rank holds: ``current`` and ``peak`` per kind (``parameters``,
+    ``gradients``, ``optimizer``, ``activations``; each kind's own peak) and
+    ``peak_total`` (the peak of the sum, which can be less than the sum of the peaks).
+    ``rank`` is the rank, or ``"max"`` for the per-field maximum over the ranks a
+    simulation holds."""
+
+    rank: object
+    current: dict
+    peak: dict
+    peak_total: int
+
+    @property
+    def current_total(self) -> int:
+        return sum(self.current.values())
+
+    def summary(self) -> str:
+        """A table: per kind, bytes now and at peak.
+
+        >>> print(ct.debug.memory().summary())
+        """
+        lines = [f"memory of rank {self.rank}: bytes of shards held",
+                 f"{'kind':<14}{'now':>14}{'peak':>14}"]
+        for kind in _memory.KINDS:
+            lines.append(f"{kind:<14}{_human(self.current[kind]):>14}"
+                         f"{_human(self.peak[kind]):>14}")
+        lines.append(f"{'total':<14}{_human(self.current_total):>14}"
+                     f"{_human(self.peak_total):>14}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def memory(rank: Optional[int] = None) -> MemoryStats:
+    """The bytes of shards ``rank`` holds now and at peak since tracking started or
+    :func:`reset_peak_memory`, by kind: parameters, gradients (``.grad`` of leaves),
+    optimizer states, activations (everything else a tensor holds: saved activations,
+    temporaries, gathered parameters, boxed copies). Views and shared shards count once.
+
+    ``rank`` defaults to this process's rank under mpiexec; in a simulation it defaults to
+    the maximum over the ranks held, field by field (the figure "per rank" that matters).
+    Needs :func:`track_memory` on (``RuntimeError`` otherwise). No communication.
+
+    >>> with ct.debug.track_memory():
+    ...     loss.backward()
+    ...     ct.debug.memory().peak["gradients"]
+    """
+    from .runtime import world
+    if not _memory.tracking:
+        raise RuntimeError("memory: memory tracking is off; turn it on first with "
+                           "ct.debug.track_memory() (a call, or a with block around the "
+                           "code to measure)")
+    held = world().held_ranks
+    if rank is not None:
+        if rank not in held:
+            raise ValueError(f"memory: argument 'rank' is {rank!r}, but this process holds "
+                             f"ranks {list(held)}")
+        return MemoryStats(rank, *_memory.snapshot(rank))
+    if len(held) == 1:
+        return MemoryStats(held[0], *_memory.snapshot(held[0]))
+    snaps = [_memory.snapshot(r) for r in held]
+    current = {k: max(s[0][k] for s in snaps) for k in _memory.KINDS}
+    peak = {k: max(s[1][k] for s in snaps) for k in _memory.KINDS}
+    return MemoryStats("max", current, peak, max(s[2] for s in snaps))
+
+
+def reset_peak_memory() -> None:
+    """Start the peaks of :func:`memory` again from what is held now.
+
+    >>> ct.debug.reset_peak_memory()
+    """
+    _memory.reset_peak()
+
+
+def tag_memory(tensor, kind: str) -> None:
+    """Count ``tensor``'s shards under ``kind`` (one of ``parameters``, ``gradients``,
+    ``optimizer``, ``activations``) in :func:`memory`; a no-op while tracking is off.
+    ``ctensor.optim`` tags its states this way.
+
+    >>> ct.debug.tag_memory(ema_weights, "optimizer")
+    """
+    if getattr(tensor, "_shards", None) is None:
+        raise TypeError(f"tag_memory: argument 'tensor' must be a ct.Tensor, got "
+                        f"{type(tensor).__name__}")
+    _memory.tag(tensor, kind)

@@ -19,11 +19,9 @@ leaves each rank exactly its shard of every gradient.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
-from . import boxing
+from . import boxing, memory
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
@@ -212,3 +210,5 @@ def _set_grad(leaf, g) -> None:
                                                      leaf._shards.values())):
         g = OPS.clone(g)
     leaf.grad = g.detach()
+    if memory.tracking:
+        memory.tag(leaf.grad, "gradients")

@@ -1,7 +1,8 @@
 """Layout: the metadata of a global tensor (shape, dtype, placement, SBP) and its shard maths.
 
-Pure and immutable; boxing plans and dispatch signatures are cached by layouts, so the hash
-is computed once and equality short-cuts on identity.
+Pure, immutable and interned: equal layouts are one object, so a layout compares and hashes by
+identity (Python's own, at C speed: dispatch hashes layouts on every op) and the caches of
+boxing plans and dispatch signatures keyed by layouts hit by identity.
 """
 from __future__ import annotations
 
@@ -27,10 +28,10 @@ def slices(region: tuple, within: tuple) -> tuple:
 
 
 class Layout:
-    """Interned: equal layouts are the same object, so caches keyed by layouts hit by
-    identity."""
+    """Interned: equal layouts are the same object (made only through ``Layout(...)``, which
+    pickling and copying go through as well), so equality and hashing are identity's."""
 
-    __slots__ = ("shape", "dtype", "placement", "sbp", "numel", "_hash", "_regions", "_shapes",
+    __slots__ = ("shape", "dtype", "placement", "sbp", "numel", "_regions", "_shapes",
                  "__weakref__")
     _interned: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
@@ -41,7 +42,6 @@ class Layout:
             self = object.__new__(cls)
             self.shape, self.dtype, self.placement, self.sbp = key
             self.numel = math.prod(self.shape)
-            self._hash = hash(key)
             self._regions = None
             self._shapes = None
             cls._interned[key] = self
@@ -49,16 +49,6 @@ class Layout:
 
     def __reduce__(self):
         return (Layout, (self.shape, self.dtype, self.placement, self.sbp))
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        if self is other:
-            return True
-        return (isinstance(other, Layout) and self._hash == other._hash
-                and self.shape == other.shape and self.dtype == other.dtype
-                and self.sbp == other.sbp and self.placement == other.placement)
 
     def __repr__(self) -> str:
         return f"Layout({self.shape}, {self.dtype}, {self.placement!r}, {self.sbp})"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numpy as np
 
 from ._args import unpack_sizes
-from ._args import unpack_sizes
 from ._philox import Kind, Scratch, cuda_fill, elements_per_block, fill_blocks, philox4x32
 from .creation import generate, resolve
 from .layout import Layout

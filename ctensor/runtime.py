@@ -8,23 +8,42 @@ Three modes share one code path:
 * simulation — ``ct.simulate(n)``: this process holds all ``n`` ranks and collectives
   are computed in-process. Use it as a context manager or, at a REPL, as a plain call.
 
-This is the only global mutable state of the library (plus the default dtype/device).
+The world in force (this module's stack of simulations and the process's own world) and
+the default dtype and device are the runtime's state. The library keeps other state of its
+own, each documented where it lives: caches (op plans in ``dispatch``, boxing plans,
+interned layouts, scalar constants, MPI receive buffers and sub-communicators), the random
+generator's seed and counter, autograd's modes (grad, sync, saved-tensor hooks), the
+communication log, and the chosen GPU.
 """
 from __future__ import annotations
 
 import enum
 import os
+import socket
 from typing import Optional
 
 import numpy as np
 
+from . import _device
 from .comm.base import Communicator
 from .comm.simulated import SimulatedCommunicator
+from .sbp import ReduceOp
 
-__all__ = ["Mode", "simulate", "rank", "world_size", "world", "set_default_dtype",
-           "get_default_dtype", "set_default_device", "default_device", "array_module"]
+__all__ = ["Mode", "World", "simulate", "rank", "world_size", "world", "set_default_dtype",
+           "get_default_dtype", "set_default_device", "default_device"]
 
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+#: the launchers' names for a process's rank on its node (MPICH, Open MPI, Slurm)
+_LOCAL_RANK_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+
+
+def _launcher_local_rank() -> Optional[int]:
+    """This process's rank on its node, as the launcher tells it (None if it does not)."""
+    for name in _LOCAL_RANK_VARS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return None
 
 
 class Mode(enum.Enum):
@@ -34,7 +53,8 @@ class Mode(enum.Enum):
 
 
 class World:
-    """A communicator plus the mode it was made for."""
+    """A communicator plus the mode it was made for, and the one way the rest of the
+    library exchanges metadata between ranks (:meth:`exchange`, :meth:`agree`)."""
 
     def __init__(self, mode: Mode, comm: Communicator):
         self.mode = mode
@@ -42,8 +62,39 @@ class World:
         self.size = comm.size
         self.held_ranks = comm.held_ranks
         self._cuda_comm: Optional[Communicator] = None
+        #: this process's rank among the processes of its host (the GPU it uses)
+        self.local_rank = 0
+        if mode is Mode.MPI:
+            self.local_rank = _launcher_local_rank()
+            if self.local_rank is None:  # every rank learns every rank's host: one exchange
+                hosts = self.exchange({self.held_ranks[0]: socket.gethostname()})
+                me = self.held_ranks[0]
+                self.local_rank = sum(1 for r in range(me) if hosts[r] == hosts[me])
+            _device.set_local_rank(self.local_rank)
 
-    # --- GPU backend (issue 6): the communicator for each device kind
+    def exchange(self, objs: dict, group: Optional[tuple] = None) -> list:
+        """Small Python metadata between ranks (collective over ``group``, default every
+        rank): ``objs`` maps each rank of the group this process holds to its object; every
+        member gets the list of all members' objects in group order."""
+        group = tuple(range(self.size)) if group is None else tuple(group)
+        held = {r: objs[r] for r in group if r in objs}
+        if not held:
+            return []
+        return next(iter(self.comm.all_gather_object(group, held).values()))
+
+    def agree(self, values: dict, group: tuple) -> bool:
+        """Whether every member of ``group`` holds the same small int64 array (``values``:
+        this process's ``{rank: array}``): one all-reduce of the arrays and their
+        complements with MAX (equal maxima of both mean equal arrays), the same answer on
+        every member."""
+        held = {r: np.concatenate([v, ~v]) for r, v in values.items() if r in group}
+        if not held or len(group) == 1:
+            return True
+        seen = next(iter(self.comm.all_reduce(group, held, ReduceOp.MAX).values()))
+        mine = next(iter(values.values()))
+        n = mine.size
+        return bool(np.array_equal(seen[:n], mine) and np.array_equal(seen[n:], ~mine))
+
     def comm_for(self, *devices: str) -> Communicator:
         """The communicator for arrays on ``devices`` (``"cpu"``/``"cuda"``).
 
@@ -51,7 +102,8 @@ class World:
         ``cuda`` goes through the host communicator. In one process (simulation, single
         rank) it is :attr:`comm`, which computes with the arrays' own module (CuPy for
         ``cuda``). Under MPI, ``cuda`` gets NCCL when every rank has a GPU of its own, else
-        the host-staged MPI path (chosen on the first call, collectively, and reported once).
+        the host-staged MPI path, chosen on the first call — which is therefore collective
+        (boxing makes it, at the same op on every rank) — and reported once.
         """
         if not devices or any(d != "cuda" for d in devices) \
                 or isinstance(self.comm, SimulatedCommunicator):
@@ -169,17 +221,3 @@ def set_default_device(device: str) -> None:
 
 def default_device() -> str:
     return _default_device
-
-
-def array_module(arr_or_device):
-    """NumPy for ``cpu`` arrays/placements, CuPy for ``cuda`` ones."""
-    if isinstance(arr_or_device, str):
-        device = arr_or_device
-    elif isinstance(arr_or_device, np.ndarray) or np.isscalar(arr_or_device):
-        return np
-    else:
-        device = "cuda" if type(arr_or_device).__module__.startswith("cupy") else "cpu"
-    if device == "cuda":
-        from . import cuda  # CuPy on this rank's GPU, or a RuntimeError saying what to install
-        return cuda.module()
-    return np

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import autograd
+from . import autograd, memory
 from .arrays import is_host
 from .layout import Layout
 from .placement import Placement
@@ -48,7 +48,7 @@ class Tensor:
     """
 
     __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
-                 "_grad_layout", "_retains_grad", "__weakref__")
+                 "_grad_layout", "_retains_grad", "_boxed", "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
     #: names of the op methods bound by op declarations (``defop(..., method=...)``)
@@ -64,6 +64,9 @@ class Tensor:
         self._version = Version()
         self._grad_layout = None  # where backward() leaves this leaf's gradient (None: here)
         self._retains_grad = False
+        self._boxed = None  # {layout: (write count, own layout, copy)}: boxings kept for reuse
+        if memory.tracking:  # ct.debug.track_memory(): count the buffers behind the shards
+            memory.track(self)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -291,6 +294,8 @@ class Tensor:
         self._layout = source._layout
         self._shards = dict(source._shards)
         self._version.value += 1
+        if memory.tracking:
+            memory.track(self)
         return self
 
     # ----------------------------------------------------------------- operators
@@ -334,3 +339,4 @@ class Tensor:
 
 
 TENSOR_TYPES.add(Tensor)
+memory.register_tensor_class(Tensor)

@@ -9,9 +9,10 @@ from .module import Module, Parameter
 from .layers import (Linear, Embedding, LayerNorm, Dropout, GELU, ReLU, Identity, Sequential,
                      ModuleList, ModuleDict)
 from .transformer import CausalSelfAttention, MLP, Block, GPT
-from . import parallel, utils
+from .fsdp import fully_shard, mixed_precision, compute_dtype
+from . import fsdp, parallel, utils
 
 __all__ = ["functional", "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout",
            "GELU", "ReLU", "Identity", "Sequential", "ModuleList", "ModuleDict",
            "CausalSelfAttention", "MLP", "Block", "GPT",
-           "parallel", "utils"]
+           "parallel", "utils", "fsdp", "fully_shard", "mixed_precision", "compute_dtype"]

@@ -161,7 +161,9 @@ def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "me
     (...), e.g. (N, C) with (N,) or (B, T, C) with (B, T); the class dim is the last.
 
     ``reduction``: ``"mean"`` over the targets that are not ``ignore_index``, ``"sum"``, or
-    ``"none"`` (per-target losses, 0 where ignored). Class-split logits (S(last)) are never
+    ``"none"`` (per-target losses, 0 where ignored). For float16 logits the per-target
+    losses are computed in float32 inside and the mean or sum is reduced and returned in
+    float32 (as PyTorch's autocast does), so loss scaling cannot overflow it. Class-split logits (S(last)) are never
     gathered: max via P(max), sum of exponentials via P, the target logit via
     :func:`ctensor.pick` (P); only row statistics move.
 
@@ -176,10 +178,14 @@ def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "me
     loss = ct.softmax_cross_entropy(logits, target, ignore_index=ignore_index)
     if reduction == "none":
         return loss
+    if loss.dtype == np.float16:
+        # a float16 sum of many per-target losses overflows (65504) or loses its digits:
+        # reduce in float32 and return float32, as PyTorch's autocast does for this op
+        loss = loss.float()
     total = loss.sum()
     if reduction == "sum":
         return total
-    return total / (target != ignore_index).to(logits.dtype).sum()
+    return total / (target != ignore_index).to(loss.dtype).sum()
 
 
 # ----------------------------------------------------------------------------- dropout

@@ -16,7 +16,7 @@ import numpy as np
 
 import ctensor as ct
 
-__all__ = ["Module", "Parameter", "IncompatibleKeys", "resolve_sbp_rules"]
+__all__ = ["Module", "Parameter", "IncompatibleKeys", "RemovableHandle", "resolve_sbp_rules"]
 
 
 class Parameter(ct.Tensor):
@@ -30,6 +30,7 @@ class Parameter(ct.Tensor):
     """
 
     __slots__ = ()
+    _memory_kind = "parameters"  # how ct.debug.memory() counts its shards
 
     def __init__(self, data: ct.Tensor, requires_grad: bool = True):
         if not isinstance(data, ct.Tensor):
@@ -72,6 +73,27 @@ class Parameter(ct.Tensor):
 
     def __repr__(self) -> str:
         return "Parameter(" + super().__repr__()[len("tensor("):]
+
+
+class RemovableHandle:
+    """What ``register_forward_pre_hook`` / ``register_forward_hook`` return: ``remove()``
+    takes the hook off again (PyTorch's ``torch.utils.hooks.RemovableHandle``)."""
+
+    _next_id = 0
+
+    def __init__(self, table: dict):
+        self._table = table
+        self.id = RemovableHandle._next_id
+        RemovableHandle._next_id += 1
+
+    def remove(self) -> None:
+        self._table.pop(self.id, None)
+
+    def __enter__(self) -> "RemovableHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
 
 class IncompatibleKeys(NamedTuple):
@@ -141,6 +163,11 @@ class Module:
         object.__setattr__(self, "_buffers", OrderedDict())
         object.__setattr__(self, "_modules", OrderedDict())
         object.__setattr__(self, "training", True)
+        object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
+        object.__setattr__(self, "_forward_hooks", OrderedDict())
+        # name -> tensor that ``self.<name>`` returns instead of the registered parameter
+        # while a hook has put it there (a gathered or cast copy: nn.fsdp, nn.precision)
+        object.__setattr__(self, "_param_overrides", {})
 
     # ----------------------------------------------------------------- registration
     def __setattr__(self, name: str, value) -> None:
@@ -158,6 +185,9 @@ class Module:
 
     def __getattr__(self, name: str):
         d = self.__dict__
+        overrides = d.get("_param_overrides")
+        if overrides and name in overrides:
+            return overrides[name]
         for table in ("_parameters", "_buffers", "_modules"):
             if table in d and name in d[table]:
                 return d[table][name]
@@ -205,7 +235,48 @@ class Module:
                         f"forward()")
 
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        d = self.__dict__
+        pre, post = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
+        if not pre and not post:
+            return self.forward(*args, **kwargs)
+        for hook in list(pre.values()):
+            result = hook(self, args)
+            if result is not None:
+                args = result if isinstance(result, tuple) else (result,)
+        out = self.forward(*args, **kwargs)
+        for hook in list(post.values()):
+            result = hook(self, args, out)
+            if result is not None:
+                out = result
+        return out
+
+    def register_forward_pre_hook(self, hook) -> RemovableHandle:
+        """Call ``hook(module, args)`` before every ``forward``; a non-None result replaces
+        the positional arguments (PyTorch's API). Returns a handle whose ``remove()`` takes
+        the hook off.
+
+        >>> handle = model.fc.register_forward_pre_hook(lambda m, args: print(m))
+        >>> handle.remove()
+        """
+        if not callable(hook):
+            raise TypeError(f"register_forward_pre_hook: argument 'hook' must be callable, "
+                            f"got {type(hook).__name__}")
+        handle = RemovableHandle(self._forward_pre_hooks)
+        self._forward_pre_hooks[handle.id] = hook
+        return handle
+
+    def register_forward_hook(self, hook) -> RemovableHandle:
+        """Call ``hook(module, args, output)`` after every ``forward``; a non-None result
+        replaces the output (PyTorch's API). Returns a removable handle.
+
+        >>> handle = model.fc.register_forward_hook(lambda m, args, out: None)
+        """
+        if not callable(hook):
+            raise TypeError(f"register_forward_hook: argument 'hook' must be callable, got "
+                            f"{type(hook).__name__}")
+        handle = RemovableHandle(self._forward_hooks)
+        self._forward_hooks[handle.id] = hook
+        return handle
 
     def children(self) -> Iterator["Module"]:
         """The direct sub-modules."""

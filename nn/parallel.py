@@ -15,6 +15,12 @@ Nothing here communicates. Each helper returns a rule dict (parameter name -> SB
   Everything else (LayerNorm, position embedding, row-parallel biases) is broadcast.
 * **2-D** on a ``(dp, tp)`` mesh: broadcast along the data-parallel axis and the
   tensor-parallel rule along the other, e.g. ``(B, S(0))``.
+* **Sequence parallel** (Megatron-SP, ``sequence_parallel=True``): the same parameter
+  layouts, and the *residual stream* — the input of every transformer ``Block`` and of every
+  ``LayerNorm`` — laid out ``S(1)`` (split along the sequence) on the tensor-parallel axis. Nothing else is stated: the cost model then places an all-gather
+  before each column-parallel linear (its input must be whole), a reduce-scatter after each
+  row-parallel one (the partial output meets the split residual), and their duals in the
+  backward; LayerNorm, dropout and the residual adds run on sequence shards.
 
 >>> mesh = ct.placement("cpu", [[0, 1], [2, 3]])           # (dp=2, tp=2)
 >>> nn.parallel.hybrid_parallel(model, mesh)
@@ -24,12 +30,14 @@ from __future__ import annotations
 
 import ctensor as ct
 
-from .layers import Embedding, Linear, Sequential
+from .fsdp import fully_shard  # noqa: F401  (nn.parallel.fully_shard: ZeRO-2/3 by SBP)
+from .layers import Embedding, LayerNorm, Linear, Sequential
 from .module import Module
-from .transformer import GPT, MLP, CausalSelfAttention
+from .transformer import GPT, MLP, Block, CausalSelfAttention
 
 __all__ = ["data_parallel", "data_parallel_rules", "tensor_parallel", "tensor_parallel_rules",
-           "hybrid_parallel", "hybrid_parallel_rules", "batch_sbp"]
+           "hybrid_parallel", "hybrid_parallel_rules", "sequence_parallel", "batch_sbp",
+           "fully_shard"]
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 COLUMN = {"weight": S(0), "bias": S(0)}   # output features split
@@ -108,15 +116,66 @@ def tensor_parallel_rules(module: Module) -> dict:
     return rules
 
 
-def tensor_parallel(module: Module, placement) -> Module:
+def _residual_stream_modules(module: Module) -> list:
+    """The modules whose input is the residual stream of a pre-LayerNorm transformer: every
+    ``Block`` and every ``LayerNorm`` (the two inside each block and the final one)."""
+    return [mod for _, mod in module.named_modules() if isinstance(mod, (Block, LayerNorm))]
+
+
+def _lay_out_input(module: Module, mesh_axis: int, entry, fn: str) -> None:
+    """Make ``module`` take its first input laid out ``entry`` along ``mesh_axis`` (a
+    ``to_global`` before its forward; differentiable, and free when it already is)."""
+    if getattr(module.forward, "_ctensor_input_layout", None) is not None:
+        if module.forward._ctensor_input_layout != (mesh_axis, entry):
+            raise ValueError(f"{fn}: {type(module).__name__} already takes its input laid out "
+                             f"{module.forward._ctensor_input_layout}; lay the model out once")
+        return
+    forward = module.forward
+
+    def laid_out(x, *args, **kwargs):
+        if isinstance(x, ct.Tensor) and x.placement.ndim > mesh_axis and x.ndim > 1:
+            sbp = list(x.sbp)
+            sbp[mesh_axis] = entry
+            x = x.to_global(x.placement, tuple(sbp))
+        return forward(x, *args, **kwargs)
+
+    laid_out._ctensor_input_layout = (mesh_axis, entry)
+    object.__setattr__(module, "forward", laid_out)
+
+
+def sequence_parallel(module: Module, tp_axis: int = 0) -> Module:
+    """Lay the residual stream out along the sequence on mesh axis ``tp_axis`` (Megatron
+    sequence parallelism; see the module docstring): the input of every ``Block`` and of
+    every ``LayerNorm`` becomes ``S(1)`` there. Use with the tensor-parallel parameter
+    layout (``tensor_parallel(..., sequence_parallel=True)`` does both).
+
+    >>> nn.parallel.sequence_parallel(model)
+    """
+    _check_module("sequence_parallel", module)
+    targets = _residual_stream_modules(module)
+    if not targets:
+        raise ValueError("sequence_parallel: the module contains no transformer Block or "
+                         "LayerNorm whose input is a residual stream; accepted: models built "
+                         "from nn.Block (such as nn.GPT)")
+    for mod in targets:
+        _lay_out_input(mod, tp_axis, S(1), "sequence_parallel")
+    return module
+
+
+def tensor_parallel(module: Module, placement, sequence_parallel: bool = False) -> Module:
     """Lay ``module`` out tensor-parallel over a 1-D ``placement`` and return it; feed it
-    broadcast inputs.
+    broadcast inputs. ``sequence_parallel=True`` also splits the residual stream along the
+    sequence (Megatron-SP: reduce-scatters and all-gathers instead of all-reduces, and
+    LayerNorm and dropout on sequence shards).
 
     >>> model = nn.parallel.tensor_parallel(model, ct.placement("cpu", [0, 1]))
     """
     _check_module("tensor_parallel", module)
     _check_placement("tensor_parallel", placement, 1)
-    return module.to_global(placement, tensor_parallel_rules(module))
+    module.to_global(placement, tensor_parallel_rules(module))
+    if sequence_parallel:
+        globals()["sequence_parallel"](module, 0)
+    return module
 
 
 def hybrid_parallel_rules(module: Module, mesh_ndim: int = 2, tp_axis: int = 1) -> dict:
@@ -139,15 +198,20 @@ def hybrid_parallel_rules(module: Module, mesh_ndim: int = 2, tp_axis: int = 1) 
     return out
 
 
-def hybrid_parallel(module: Module, placement, tp_axis: int = 1) -> Module:
-    """Data parallel along every mesh axis but ``tp_axis``, tensor parallel along it.
+def hybrid_parallel(module: Module, placement, tp_axis: int = 1,
+                    sequence_parallel: bool = False) -> Module:
+    """Data parallel along every mesh axis but ``tp_axis``, tensor parallel along it (and,
+    with ``sequence_parallel=True``, the residual stream split along the sequence there).
 
     >>> mesh = ct.placement("cpu", [[0, 1], [2, 3]])     # rows: data, columns: tensor
     >>> model = nn.parallel.hybrid_parallel(model, mesh)
     """
     _check_module("hybrid_parallel", module)
     _check_placement("hybrid_parallel", placement)
-    return module.to_global(placement, hybrid_parallel_rules(module, placement.ndim, tp_axis))
+    module.to_global(placement, hybrid_parallel_rules(module, placement.ndim, tp_axis))
+    if sequence_parallel:
+        globals()["sequence_parallel"](module, tp_axis)
+    return module
 
 
 def batch_sbp(placement, dp_axis: int = 0, dim: int = 0) -> tuple:

@@ -21,6 +21,7 @@ import ctensor as ct
 from . import functional as F
 from .layers import Dropout, Embedding, GELU, LayerNorm, Linear, ModuleList
 from .module import Module
+from .utils import checkpoint
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT"]
 
@@ -98,18 +99,28 @@ class MLP(Module):
 class Block(Module):
     """Pre-LayerNorm transformer block: ``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``.
 
-    >>> block = nn.Block(n_embd=16, n_head=2)
+    ``recompute=True`` (or setting ``block.recompute``) runs the block under
+    :func:`ctensor.nn.utils.checkpoint` while gradients are recorded: only its input is
+    kept for the backward, which recomputes the rest (same values and gradients).
+
+    >>> block = nn.Block(n_embd=16, n_head=2, recompute=True)
     """
 
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 dtype=None):
+                 dtype=None, recompute: bool = False):
         super().__init__()
+        self.recompute = bool(recompute)
         self.ln_1 = LayerNorm(n_embd, dtype=dtype)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, dtype)
         self.ln_2 = LayerNorm(n_embd, dtype=dtype)
         self.mlp = MLP(n_embd, dropout, bias, dtype=dtype)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
+        if self.recompute and ct.is_grad_enabled():
+            return checkpoint(self._forward, x)
+        return self._forward(x)
+
+    def _forward(self, x: ct.Tensor) -> ct.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -122,13 +133,16 @@ class GPT(Module):
     ``time <= block_size`` and returns ``(logits, loss)``; ``loss`` is the mean cross
     entropy against ``targets`` (None without targets).
 
+    ``recompute=True`` checkpoints every block (activation recompute: each block keeps only
+    its input for the backward and recomputes the rest; same values and gradients).
+
     >>> model = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
     >>> logits, loss = model(idx, targets)
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
                  n_embd: int, dropout: float = 0.0, tie_weights: bool = True, bias: bool = True,
-                 dtype=None):
+                 dtype=None, recompute: bool = False):
         super().__init__()
         self.vocab_size = _check("GPT", "vocab_size", vocab_size)
         self.block_size = _check("GPT", "block_size", block_size)
@@ -138,7 +152,7 @@ class GPT(Module):
         self.wte = Embedding(vocab_size, n_embd, std=0.02, dtype=dtype)
         self.wpe = Embedding(block_size, n_embd, std=0.02, dtype=dtype)
         self.drop = Dropout(dropout)
-        self.blocks = ModuleList([Block(n_embd, n_head, dropout, bias, dtype)
+        self.blocks = ModuleList([Block(n_embd, n_head, dropout, bias, dtype, recompute)
                                   for _ in range(n_layer)])
         self.ln_f = LayerNorm(n_embd, dtype=dtype)
         self.lm_head = Linear(n_embd, vocab_size, bias=False, dtype=dtype)
@@ -177,3 +191,13 @@ class GPT(Module):
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, "
                 f"n_layer={self.n_layer}, tie_weights={self.tie_weights}")
+
+    @property
+    def recompute(self) -> bool:
+        """Whether every block is checkpointed; assign to switch (``model.recompute = True``)."""
+        return all(b.recompute for b in self.blocks)
+
+    @recompute.setter
+    def recompute(self, value: bool) -> None:
+        for b in self.blocks:
+            b.recompute = bool(value)

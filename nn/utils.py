@@ -1,6 +1,6 @@
-"""``clip_grad_norm_``: the global gradient norm over every parameter, in any layout.
+"""``clip_grad_norm_`` and ``checkpoint`` (activation recompute).
 
-The norm is computed with ctensor ops, so each parameter's contribution is reduced over
+``clip_grad_norm_``: the norm is computed with ctensor ops, so each parameter's contribution is reduced over
 its own shards by dispatch (a split gradient gives a partial sum; a broadcast one is
 counted once): the result is the same for every placement and SBP. Contributions of
 parameters on other placements are moved to the first parameter's placement.
@@ -12,7 +12,7 @@ from typing import Iterable, Union
 
 import ctensor as ct
 
-__all__ = ["clip_grad_norm_"]
+__all__ = ["clip_grad_norm_", "checkpoint", "is_recomputing"]
 
 
 def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm: float,
@@ -60,3 +60,160 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
             scale = coef.to_global(g.placement, (ct.sbp.broadcast,) * g.placement.ndim)
             g.copy_(g * scale.to(g.dtype))
     return total
+
+
+# ----------------------------------------------------------------------------- recompute
+_recomputing = 0  # > 0 while a checkpoint re-runs its function in the backward
+
+
+def is_recomputing() -> bool:
+    """True while :func:`checkpoint` re-runs a function in the backward pass (hooks that
+    gather or free parameters, such as ``fully_shard``'s, behave accordingly)."""
+    return _recomputing > 0
+
+
+def _leaves(outputs, inputs) -> list:
+    """The leaves that require grad behind ``outputs`` (parameters), walking the graph back
+    no further than ``inputs`` (the detached arguments), each once, in graph order."""
+    stop = {id(t) for t in inputs}
+    found, seen_nodes, seen = [], set(), set()
+    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        for t in node.inputs:
+            if t is None or id(t) in stop:
+                continue
+            if t.grad_fn is None:
+                if id(t) not in seen:
+                    seen.add(id(t))
+                    found.append(t)
+            else:
+                stack.append(t.grad_fn)
+    return found
+
+
+def _outputs(result) -> tuple:
+    """The function's result as a tuple of tensors, or the error that says what to do."""
+    items = result if isinstance(result, tuple) else (result,)
+    bad = [type(o).__name__ for o in items if not isinstance(o, ct.Tensor)]
+    if bad or not items:
+        raise TypeError(f"checkpoint: the function must return a ct.Tensor or a tuple of "
+                        f"ct.Tensors, got {type(result).__name__}"
+                        + (f" holding {', '.join(sorted(set(bad)))}" if bad and
+                           isinstance(result, tuple) else "")
+                        + "; return the tensors only (compute other values outside the "
+                          "checkpointed function, or return them as tensors)")
+    return items
+
+
+class _Run:
+    """What one checkpoint call hands its node: the function, its arguments, the random
+    state before it ran, and the leaves (parameters) it used."""
+
+    __slots__ = ("function", "args", "kwargs", "rng_before", "outputs", "leaves")
+
+    def __init__(self, function, args, kwargs, rng_before, outputs, leaves):
+        self.function, self.args, self.kwargs = function, args, kwargs
+        self.rng_before, self.outputs, self.leaves = rng_before, outputs, leaves
+
+    def fresh_args(self) -> list:
+        """The arguments for a run: tensors detached (new leaves, requiring grad where the
+        argument does), everything else as given."""
+        out = []
+        for a in self.args:
+            if isinstance(a, ct.Tensor):
+                d = a.detach()
+                if a.requires_grad and a.dtype.kind in "fc":
+                    d.requires_grad_()
+                out.append(d)
+            else:
+                out.append(a)
+        return out
+
+
+class _Recompute(ct.autograd.Function):
+    """The node a checkpoint records: its inputs are the tensor arguments and the leaves
+    (parameters) the function used; its backward re-runs the function and returns the
+    gradients of all of them, unreduced, to the backward pass that runs it."""
+
+    @staticmethod
+    def forward(ctx, run: _Run, *tensors):
+        ctx.run = run
+        outputs, run.outputs = run.outputs, None  # no cycle node -> ctx -> outputs -> node
+        return outputs if len(outputs) > 1 else outputs[0]
+
+    @staticmethod
+    def backward(ctx, *grads):
+        global _recomputing
+        run = ctx.run
+        args = run.fresh_args()
+        after = ct.random.get_state()
+        ct.random.set_state(run.rng_before)  # the dropout masks of the first run
+        _recomputing += 1
+        try:
+            with ct.autograd.forward_context():
+                outputs = _outputs(run.function(*args, **run.kwargs))
+        finally:
+            _recomputing -= 1
+            ct.random.set_state(after)  # later draws are not shifted by the re-run
+        if len(outputs) != len(grads):
+            raise RuntimeError(f"checkpoint: the recomputed function returned {len(outputs)} "
+                               f"outputs, the first run {len(grads)}; the function must "
+                               f"compute the same thing every time it runs")
+        wrt = [a for a in args if isinstance(a, ct.Tensor) and a.requires_grad]
+        got = ct.autograd.raw_grad(outputs, wrt + run.leaves, grads)
+        by_id = {id(t): g for t, g in zip(wrt + run.leaves, got)}
+        arg_grads = tuple(by_id.get(id(a)) if isinstance(a, ct.Tensor) else None
+                          for a in args)
+        return (None,) + arg_grads + tuple(by_id.get(id(p)) for p in run.leaves)
+
+
+def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = True,
+               **kwargs):
+    """Run ``function(*args, **kwargs)`` without keeping its intermediate activations for
+    the backward pass: only the inputs are kept, and the backward re-runs ``function`` to
+    get them again (activation recompute; PyTorch's ``torch.utils.checkpoint.checkpoint``).
+
+    Values and gradients are bit-identical to running ``function`` directly, in every
+    layout: the re-run draws the same random numbers (the generator state before the first
+    run is restored for it, and the state after it is restored afterwards, so dropout masks
+    repeat and later draws are unaffected) and its ops pick the signatures of the first
+    run. The gradients of ``function``'s parameters reach the backward pass that runs the
+    re-run unreduced, so they are bucketed and reduced (or kept partial under
+    ``ct.autograd.no_sync()``) exactly as without recompute.
+
+    ``function`` must return a ct.Tensor or a tuple of them and compute the same thing
+    each time it runs; tensors that need a gradient must be passed as positional
+    arguments (or be parameters of the modules it calls). ``use_reentrant`` and
+    ``preserve_rng_state`` are accepted for PyTorch compatibility (the random state is
+    always preserved). Under ``ct.no_grad()`` it simply calls ``function``.
+
+    >>> y = nn.utils.checkpoint(block, x)        # block's activations are recomputed
+    >>> y.sum().backward()
+    """
+    if not callable(function):
+        raise TypeError(f"checkpoint: argument 'function' must be callable (a module or a "
+                        f"function), got {type(function).__name__}; call "
+                        f"checkpoint(fn, *args)")
+    for k, v in kwargs.items():
+        if isinstance(v, ct.Tensor) and v.requires_grad:
+            raise TypeError(f"checkpoint: keyword argument {k!r} is a tensor that requires "
+                            f"grad; pass tensors that need a gradient positionally")
+    if not ct.is_grad_enabled():
+        return function(*args, **kwargs)
+    run = _Run(function, args, kwargs, ct.random.get_state(), None, [])
+    first = run.fresh_args()
+    # the first run records its graph (so its ops choose what they would without
+    # recompute, and so the parameters it uses are found); the graph is dropped on return
+    outputs = _outputs(function(*first, **kwargs))
+    run.leaves = _leaves(outputs, [a for a in first if isinstance(a, ct.Tensor)])
+    needs = run.leaves or any(isinstance(a, ct.Tensor) and a.requires_grad for a in args)
+    if not needs or not any(o.requires_grad for o in outputs):
+        return outputs if len(outputs) > 1 else outputs[0]
+    run.outputs = tuple(o.detach() for o in outputs)
+    del outputs, first
+    tensors = [a if isinstance(a, ct.Tensor) else None for a in args]
+    return _Recompute.apply(run, *tensors, *run.leaves)

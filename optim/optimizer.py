@@ -121,6 +121,9 @@ class Optimizer:
                     param = p.detach().to_global(placement, sbp)
                     new = self._update(param, grad, state, group)
                     p.copy_(new)  # boxes a sharded update back to the parameter's SBP
+                    for v in state.values():  # for ct.debug.memory() (no-op unless on)
+                        if isinstance(v, ct.Tensor):
+                            ct.debug.tag_memory(v, "optimizer")
         return loss
 
     def _init_state(self, p: ct.Tensor, state: dict, zeros: Callable) -> None:

@@ -124,8 +124,27 @@ def test_plans_are_cached(mesh):
     x = ct.ones(6, 6, placement=mesh, sbp=(S0,) * mesh.ndim)
     x.to_global(sbp=(B,) * mesh.ndim)
     before = boxing.plan.cache_info().hits
-    x.to_global(sbp=(B,) * mesh.ndim)
+    y = ct.ones(6, 6, placement=mesh, sbp=(S0,) * mesh.ndim)  # another tensor, same layout
+    y.to_global(sbp=(B,) * mesh.ndim)
     assert boxing.plan.cache_info().hits == before + 1
+
+
+def test_a_tensor_is_boxed_once(mesh):
+    # q, k and v of one x: the layout an op needs x in is made once, kept on x while x is
+    # unchanged, and reused; a write in place makes it stale
+    x = ct.tensor(np.arange(36.0).reshape(6, 6), placement=mesh, sbp=(S0,) * mesh.ndim)
+    with ct.debug.comm_log() as first:
+        x.argmax(0)  # argmax needs dim 0 whole
+    with ct.debug.comm_log() as again:
+        x.argmax(0)
+        x.argmax(0)
+    assert again.collectives() == []
+    with ct.no_grad():
+        x.add_(1.0)
+    with ct.debug.comm_log() as after:
+        got = x.argmax(0)
+    assert after.collectives() == first.collectives()
+    np.testing.assert_array_equal(got.numpy(), np.full(6, 5))
 
 
 # ----------------------------------------------------------------------------- placements

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import ctensor as ct
-from ctensor import cuda as ct_cuda
+from ctensor import _device as ct_cuda
+from ctensor.comm import nccl as nccl_module
 from ctensor.comm.base import Message
 from ctensor.comm.nccl import (NCCLCommunicator, Staging, all_to_all_plan, exchange_plan,
                                gather_plan, nccl_refusal, pad_plan, reduction_plan)
@@ -358,7 +359,7 @@ def test_mpi_cuda_choice_is_collective_and_reported_once(monkeypatch):
     # every rank with a GPU of its own and NCCL loadable: NCCL is chosen, silently
     monkeypatch.setattr(world, "_cuda_comm", None)
     monkeypatch.setattr(ct_cuda, "_cupy", _fake_gpu_module(f"0000:0{ct.rank()}:00.0"))
-    monkeypatch.setattr(ct_cuda, "nccl_available", lambda: True)
+    monkeypatch.setattr(nccl_module, "loadable", lambda: True)
     with _no_warning():
         assert isinstance(world.comm_for("cuda"), nccl_mod.NCCLCommunicator)
 

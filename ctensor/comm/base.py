@@ -70,9 +70,6 @@ class Communicator(ABC):
     #: in different processes; see :func:`ctensor.debug.check_tensor_data`)
     check_tensor_data: bool = True
 
-    def holds(self, rank: int) -> bool:
-        return rank in self.held_ranks
-
     # --------------------------------------------------------------- collectives
     @abstractmethod
     def all_reduce(self, group: Group, bufs: Shards, op: ReduceOp) -> dict:

@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import debug
+from . import context
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
@@ -205,7 +205,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
             self._reap()
         seq = self._seq.get(group, 0) + 1
         self._seq[group] = seq
-        op, step = debug.current_context()
+        op, step = context.current()
         call = Call(seq, collective, group, op, step, tuple(getattr(buf, "shape", ())),
                     _dtype_name(buf), args, same_shape, guard)
         watchdog = self.watchdog
@@ -433,8 +433,6 @@ class MPICommunicator(NonblockingExchange, Communicator):
         call, channel = self._begin("barrier", group, None)
         self._finish([], call, channel)
 
-    def abort(self, code: int = 1) -> None:
-        self.world.Abort(code)
 
     def leave(self) -> None:
         """This rank's script is over: tell the other ranks and wait for them (see

@@ -13,30 +13,33 @@
   every dtype works; reductions map dtypes NCCL lacks (:func:`reduction_plan`).
 * Small metadata (``all_gather_object``) and barriers go through the host MPI communicator.
 
-The planning functions at the top are pure (NumPy-free shapes and offsets) and are tested on
-CPU; the communicator itself takes its ``nccl`` and array modules as arguments so its
-algorithms can be run on CPU with a fake NCCL (``tests/test_gpu.py``). The real CuPy/NCCL
-path runs only where a GPU is available (``benchmarks/gpu_check.py``).
+The pure planning lives in :mod:`ctensor.comm.nccl_plan` (tested on CPU); this module holds
+the unique-id exchange, the communicator and the backend choice. The communicator takes its
+``nccl`` and array modules as arguments so its algorithms can be run on CPU with a fake
+NCCL (``tests/test_gpu.py``). The real CuPy/NCCL path runs only where a GPU is available
+(``benchmarks/gpu_check.py``).
 """
 from __future__ import annotations
 
 import atexit
-import enum
 import pickle
-import time
 import warnings
 import weakref
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CommTimeoutError, DivergenceError
+from .. import _device
+from ..errors import DivergenceError
 from ..sbp import ReduceOp
+from . import context
 from .base import Communicator, Group, HostWrapper, Message, Pending, Shards, contiguous
+from .nccl_plan import (NCCL_DTYPES, NCCL_OPS, ReducePlan, Staging, all_to_all_plan,
+                        exchange_plan, gather_plan, nccl_refusal, pad_plan, reduction_plan)
+from .watchdog import Call
 
-__all__ = ["NCCLCommunicator", "cuda_communicator", "node_layout", "gather_plan", "pad_plan",
+__all__ = ["NCCLCommunicator", "cuda_communicator", "loadable", "gather_plan", "pad_plan",
            "all_to_all_plan", "exchange_plan", "reduction_plan", "nccl_refusal", "ReducePlan",
            "Staging", "ID_TAG"]
 
@@ -46,169 +49,37 @@ ID_TAG = 32750
 #: fixed size of a unique-id message: 8-byte length, then the pickled (group, id)
 _ID_BYTES = 2048
 
-_NCCL_DTYPES = {"int8": "NCCL_INT8", "uint8": "NCCL_UINT8", "int32": "NCCL_INT32",
-                "uint32": "NCCL_UINT32", "int64": "NCCL_INT64", "uint64": "NCCL_UINT64",
-                "float16": "NCCL_FLOAT16", "float32": "NCCL_FLOAT32",
-                "float64": "NCCL_FLOAT64"}
-_NCCL_OPS = {ReduceOp.SUM: "NCCL_SUM", ReduceOp.MAX: "NCCL_MAX", ReduceOp.MIN: "NCCL_MIN"}
-# dtypes NCCL cannot reduce, widened exactly (a 16-bit sum wraps the same after casting back)
-_WIDEN = {"int16": np.dtype(np.int32), "uint16": np.dtype(np.uint32)}
-
-
-# ----------------------------------------------------------------------------- planning
-class Staging(enum.Enum):
-    """How an array is handed to an NCCL reduction."""
-
-    NATIVE = "native"  # as it is
-    VIEW = "view"      # reinterpreted (bool as uint8, complex as pairs of floats)
-    CAST = "cast"      # widened copy, cast back after (int16, uint16)
-
-
-@dataclass(frozen=True)
-class ReducePlan:
-    staging: Staging
-    work: np.dtype
-    op: ReduceOp
-
-
-def reduction_plan(dtype, op: ReduceOp) -> ReducePlan:
-    """How to reduce ``dtype`` with ``op`` in NCCL, with the MPI backend's results.
-
-    Bools reduce logically like MPI's LOR/LAND: as uint8 0/1 values, sum and max are 'or'
-    (max), min is 'and' (min). Complex sums add real and imaginary parts as floats.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.kind == "b":
-        return ReducePlan(Staging.VIEW, np.dtype(np.uint8),
-                          ReduceOp.MIN if op is ReduceOp.MIN else ReduceOp.MAX)
-    if dtype.name in _NCCL_DTYPES:
-        return ReducePlan(Staging.NATIVE, dtype, op)
-    if dtype.name in _WIDEN:
-        return ReducePlan(Staging.CAST, _WIDEN[dtype.name], op)
-    if dtype.kind == "c" and op is ReduceOp.SUM:
-        return ReducePlan(Staging.VIEW, np.dtype(f"f{dtype.itemsize // 2}"), op)
-    raise TypeError(f"NCCL reduction: dtype {dtype} cannot be reduced with {op.value!r}; "
-                    f"accepted: bool, (u)int8/16/32/64, float16/32/64 (and complex for sum); "
-                    f"cast the tensor with .to(dtype) first")
-
-
-def gather_plan(sizes: Sequence[int], row_bytes: int) -> list:
-    """``(offset, nbytes)`` of each member's part in the gathered buffer (parts along dim 0
-    of rows of ``row_bytes``, in group order)."""
-    out, offset = [], 0
-    for n in sizes:
-        out.append((offset, int(n) * row_bytes))
-        offset += int(n) * row_bytes
-    return out
-
-
-def pad_plan(sizes: Sequence[int]) -> tuple:
-    """``(width, starts)`` for an uneven reduce-scatter by padding: every part is padded to
-    ``width = max(sizes)`` rows; part ``i`` (rows ``starts[i]..starts[i]+sizes[i]`` of the
-    input) goes to rows ``i*width..`` of the padded buffer, and member ``i`` keeps the first
-    ``sizes[i]`` rows of what it receives."""
-    width = max((int(n) for n in sizes), default=0)
-    starts, total = [], 0
-    for n in sizes:
-        starts.append(total)
-        total += int(n)
-    return width, starts
-
-
-def all_to_all_plan(shape: Sequence[int], split_dim: int, split_sizes: Sequence[int],
-                    concat_dim: int, concat_sizes: Sequence[int], me: int) -> tuple:
-    """``(send_shapes, recv_shapes)``: the part member ``me`` sends to each member (its
-    array cut along ``split_dim``) and the part it receives from each (``split_dim`` of
-    ``me``'s size, ``concat_dim`` of the sender's)."""
-    send_shapes, recv_shapes = [], []
-    for n in split_sizes:
-        s = list(shape)
-        s[split_dim] = int(n)
-        send_shapes.append(tuple(s))
-    for n in concat_sizes:
-        s = list(shape)
-        s[split_dim] = int(split_sizes[me])
-        s[concat_dim] = int(n)
-        recv_shapes.append(tuple(s))
-    return send_shapes, recv_shapes
-
-
-def exchange_plan(messages: Sequence[Message], rank: int) -> tuple:
-    """``(members, transfers)`` of a point-to-point exchange for ``rank``: the ranks that
-    move data between processes, and this rank's ``("send" | "recv", message)`` transfers
-    in message order. NCCL matches transfers between one pair in the order they are posted,
-    and every rank derives the same order from the same message list."""
-    cross = [m for m in messages if m.src != m.dst]
-    members = tuple(sorted({r for m in cross for r in (m.src, m.dst)}))
-    transfers = []
-    for m in cross:
-        if m.src == rank:
-            transfers.append(("send", m))
-        elif m.dst == rank:
-            transfers.append(("recv", m))
-    return members, transfers
-
-
-def nccl_refusal(everyone: Sequence[tuple]) -> Optional[str]:
-    """Why NCCL cannot serve these ranks (``None`` when it can). ``everyone[r]`` is rank
-    ``r``'s ``(node name, GPU bus id, NCCL loadable)``; NCCL refuses two ranks of one
-    communicator on the same GPU."""
-    missing = [r for r, (_, _, ok) in enumerate(everyone) if not ok]
-    if missing:
-        return (f"NCCL is not loadable on ranks {missing} (pip install nvidia-nccl-cu12, or "
-                f"pip install -e '.[gpu]')")
-    seen: dict = {}
-    for r, (node, bus, _) in enumerate(everyone):
-        seen.setdefault((node, bus), []).append(r)
-    shared = [ranks for ranks in seen.values() if len(ranks) > 1]
-    if shared:
-        return (f"ranks {shared[0]} share one GPU ({len(seen)} GPU(s) for {len(everyone)} "
-                f"ranks); NCCL needs one GPU per rank")
-    return None
-
-
 # ----------------------------------------------------------------------------- MPI side
-def node_layout(world) -> tuple:
-    """``(local_rank, local_size)``: this process among those of its node (collective over
-    ``world``: an MPI shared-memory split)."""
-    from mpi4py import MPI
-    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+def loadable() -> bool:
+    """Whether CuPy's NCCL binding finds a loadable NCCL library."""
+    if _device.import_cupy() is None:
+        return False
     try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
-def _wait(MPI, requests: list, what: str, peers: Sequence[int]) -> None:
-    """Complete ``requests``, raising :class:`CommTimeoutError` after ``CTENSOR_TIMEOUT``."""
-    from .watchdog import env_timeout
-    timeout = env_timeout()
-    deadline, delay = time.monotonic() + timeout, 1e-5
-    while not MPI.Request.Testall(requests):
-        if time.monotonic() > deadline:
-            raise CommTimeoutError(f"NCCLCommunicator: waited {timeout:g} s for {what} with "
-                                   f"ranks {list(peers)}; they never reached the same "
-                                   f"collective (set CTENSOR_DEBUG=1 to compare what each "
-                                   f"rank runs)")
-        time.sleep(delay)
-        delay = min(2 * delay, 2e-3)
+        from cupy.cuda import nccl
+    except Exception:
+        return False
+    return bool(getattr(nccl, "available", False))
 
 
 def _share_unique_id(host, group: Group, make: Callable) -> Any:
-    """The group's first rank makes the NCCL unique id and sends it to the other members."""
+    """The group's first rank makes the NCCL unique id and sends it to the other members
+    (waited on by the host's watchdog, like every MPI call: a member that never comes is a
+    timeout or a left-rank error, not a hang)."""
     from mpi4py import MPI
     world, rank = host.world, host.held_ranks[0]
     buf = np.zeros(_ID_BYTES, dtype=np.uint8)
+    op, step = context.current()
+    call = Call(0, "nccl_unique_id", tuple(group), op, step, (), "")
     if rank == group[0]:
         uid = make()
         data = np.frombuffer(pickle.dumps((tuple(group), uid)), dtype=np.uint8)
         buf[:8] = np.frombuffer(np.int64(data.size).tobytes(), dtype=np.uint8)
         buf[8:8 + data.size] = data
         requests = [world.Isend([buf, MPI.BYTE], dest=r, tag=ID_TAG) for r in group[1:]]
-        _wait(MPI, requests, f"sending the NCCL id of group {list(group)}", group[1:])
+        host.watchdog.wait(requests, call, group[1:])
         return uid
-    _wait(MPI, [world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)],
-          f"the NCCL id of group {list(group)}", group[:1])
+    host.watchdog.wait([world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)], call,
+                       group[:1])
     n = int(buf[:8].view(np.int64)[0])
     sent_group, uid = pickle.loads(buf[8:8 + n].tobytes())
     if tuple(sent_group) != tuple(group):
@@ -314,8 +185,7 @@ class NCCLCommunicator(HostWrapper):
 
     def _array_module(self):
         if self._xp is None:
-            from .. import cuda
-            self._xp = cuda.module()
+            self._xp = _device.module()
         return self._xp
 
     def _stream_ptr(self) -> int:
@@ -348,10 +218,10 @@ class NCCLCommunicator(HostWrapper):
         return self._side_stream, cuda.Event
 
     def _dtype(self, dtype) -> int:
-        return getattr(self._lib(), _NCCL_DTYPES[np.dtype(dtype).name])
+        return getattr(self._lib(), NCCL_DTYPES[np.dtype(dtype).name])
 
     def _op(self, op: ReduceOp) -> int:
-        return getattr(self._lib(), _NCCL_OPS[op])
+        return getattr(self._lib(), NCCL_OPS[op])
 
     def _mine(self, group: Group, bufs: Shards):
         if self.rank not in group:
@@ -596,12 +466,11 @@ def cuda_communicator(host) -> Communicator:
     MPI path, reported once (on rank 0) with a ``RuntimeWarning`` giving the reason. Every
     rank takes the same choice.
     """
-    from .. import cuda
     from .staged import StagedCommunicator
     if host.size == 1:  # no NCCL communicator is ever needed
         return NCCLCommunicator(host)
-    cupy = cuda.module()  # this rank's GPU is chosen before its identity is taken
-    me = _gpu_identity(cupy) + (cuda.nccl_available(),)
+    cupy = _device.module()  # this rank's GPU is chosen before its identity is taken
+    me = _gpu_identity(cupy) + (loadable(),)
     everyone = host.all_gather_object(tuple(range(host.size)), {host.rank: me})[host.rank]
     reason = nccl_refusal(everyone)
     if reason is None:

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import debug
+from . import context
 from ..errors import DivergenceError
 from .base import Message, Pending, contiguous
 from .watchdog import Call
@@ -112,7 +112,7 @@ class NonblockingExchange:
                 incoming.setdefault(m.src, []).append(m)
         if not outgoing and not incoming:
             return Pending(received)
-        op, step = debug.current_context()
+        op, step = context.current()
         world = self.world
         mine = []
         for src, msgs in incoming.items():  # receives first: a sender's data finds them

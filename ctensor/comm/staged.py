@@ -22,7 +22,7 @@ __all__ = ["StagedCommunicator"]
 class StagedCommunicator(HostWrapper):
     """Wraps a host communicator; arrays go device -> host -> MPI -> host -> device.
 
-    ``xp`` is the device array module (default: CuPy, through :func:`ctensor.cuda.module`);
+    ``xp`` is the device array module (default: CuPy, through :func:`ctensor._device.module`);
     it needs ``asarray`` and ``asnumpy``.
     """
 
@@ -36,8 +36,8 @@ class StagedCommunicator(HostWrapper):
 
     def _array_module(self):
         if self._xp is None:
-            from .. import cuda
-            self._xp = cuda.module()
+            from .. import _device
+            self._xp = _device.module()
         return self._xp
 
     def _down(self, bufs: Mapping) -> dict:

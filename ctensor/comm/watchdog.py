@@ -47,7 +47,7 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from .. import debug
+from . import context
 from ..errors import CommTimeoutError, DivergenceError, RankExitedError
 
 __all__ = ["Call", "Watchdog", "env_timeout", "env_debug", "SPIN_SECONDS",
@@ -152,7 +152,7 @@ class Call:
 
     def step_text(self) -> str:
         """The boxing step in words (layouts, SBPs, placement), or ``""`` outside boxing."""
-        return debug.describe_step(self.step) if self.step is not None else ""
+        return context.describe_step(self.step) if self.step is not None else ""
 
     def record(self) -> np.ndarray:
         """Fixed-size bytes: digest of :meth:`key`, then the (truncated) description."""

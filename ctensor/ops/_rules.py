@@ -24,6 +24,33 @@ PMIN = Partial(ReduceOp.MIN)
 S = Split
 
 
+_HALF = np.dtype(np.float16)
+
+
+def widen(xp, *arrays):
+    """``arrays`` with float16 ones as float32: kernels that reduce (softmax, layer norm,
+    cross entropy statistics) or accumulate (NumPy's matmul, which has no float16 BLAS) work
+    in float32 and dispatch casts their result back to the op's float16 output, as GPUs
+    accumulate float16 products in float32."""
+    if not any(a.dtype == _HALF for a in arrays):
+        return arrays if len(arrays) > 1 else arrays[0]
+    out = tuple(a.astype(np.float32) if a.dtype == _HALF else a for a in arrays)
+    return out if len(out) > 1 else out[0]
+
+
+def widened(fn: Callable) -> Callable:
+    """A composite run in float32 when its first input is float16, its results cast back:
+    the composites of softmax, layer norm and cross entropy keep their row statistics
+    (sums of exponentials, variances) in float32."""
+    @functools.wraps(fn)
+    def run(x, *rest, **attrs):
+        if x.dtype != _HALF:
+            return fn(x, *rest, **attrs)
+        out = fn(OPS.to(x, np.float32), *rest, **attrs)
+        return OPS.to(out, _HALF)
+    return run
+
+
 def broadcast_shapes(opname: str, *shapes) -> tuple:
     """NumPy/PyTorch broadcasting of ``shapes``; ``ValueError`` naming the op otherwise."""
     try:
@@ -150,36 +177,14 @@ def unexpected_keyword(opname: str, keyword: str, front: Callable) -> TypeError:
     return TypeError(f"{head}; accepted keywords: {', '.join(names) or 'none'}")
 
 
-def pytorch_keywords(opname: str, front: Callable) -> Callable:
-    """``front`` with its keyword arguments checked before the call: an unknown one raises
-    :func:`unexpected_keyword`'s message instead of Python's generic one."""
-    params = inspect.signature(front).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return front
-    accepted = frozenset(n for n, p in params.items()
-                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                       inspect.Parameter.KEYWORD_ONLY))
-
-    @functools.wraps(front)
-    def checked(*args, **kwargs):
-        if kwargs and not accepted.issuperset(kwargs):
-            bad = next(k for k in kwargs if k not in accepted)
-            raise unexpected_keyword(opname, bad, front)
-        return front(*args, **kwargs)
-    return checked
-
-
 def defop(name: Optional[str] = None, **declaration) -> Callable:
-    """:func:`ctensor.dispatch.defop` for the op families: the same declaration, with the
-    front's keywords checked by :func:`pytorch_keywords` (``x.mean(axis=1)`` says "use
-    dim=")."""
-    def wrap(front: Callable) -> Callable:
-        return dispatch.defop(name, **declaration)(
-            pytorch_keywords(name or front.__name__, front))
-    return wrap
+    """:func:`ctensor.dispatch.defop` for the op families: the same declaration, with an
+    unknown keyword raising :func:`unexpected_keyword`'s message (``x.mean(axis=1)`` says
+    "use dim=")."""
+    return dispatch.defop(name, keyword_error=unexpected_keyword, **declaration)
 
 
-__all__ = ["defop", "pytorch_keywords", "unexpected_keyword", "ValuesIndices", "B", "P",
+__all__ = ["defop", "unexpected_keyword", "ValuesIndices", "B", "P",
            "PMAX", "PMIN", "S", "Signature", "sig", "broadcast_shapes", "norm_dim",
            "elementwise_signatures", "result_dtype", "transposed_signatures",
            "row_stats_comm", "reduced", "split_along"]

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, broadcast_shapes, defop, result_dtype, sig
+from ._rules import B, P, S, broadcast_shapes, defop, result_dtype, sig, widen
 from .elementwise import sum_to
 from .reduction import unreduce
 
@@ -110,6 +110,8 @@ def _signatures(layouts, transpose_a: bool = False, transpose_b: bool = False):
 
 
 def _kernel(xp, a, b, transpose_a: bool = False, transpose_b: bool = False):
+    if xp is np:  # NumPy has no float16 GEMM (a slow loop): float32 products, cast back
+        a, b = widen(xp, a, b)
     if transpose_b and b.ndim >= 2:
         b = xp.swapaxes(b, -1, -2)
     if a.ndim > 2 and b.ndim == 2 and not transpose_a:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures
+from ._rules import (B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures,
+                     widen, widened)
 from .embedding import check_int
 
 __all__ = ["pick", "softmax_cross_entropy"]
@@ -50,14 +51,18 @@ def _check_targets(opname, index, size, ignore_index):
 
 
 # ----------------------------------------------------------------------------- pick
-def _pick_meta(layouts, ignore_index=None):
-    x, index = layouts
-    check_int("pick", "index", index)
+def _one_per_row(opname: str, arg: str, x, index) -> list:
+    """The meta of an op that takes one integer ``index`` per row of ``x``'s last dim."""
+    check_int(opname, arg, index)
     if x.ndim == 0 or tuple(index.shape) != tuple(x.shape[:-1]):
-        raise ValueError(f"pick: argument 'index' must have the shape of x without its last "
-                         f"dim; x has shape {tuple(x.shape)}, index has shape "
-                         f"{tuple(index.shape)}")
+        raise ValueError(f"{opname}: argument '{arg}' of shape {tuple(index.shape)} does not "
+                         f"match x of shape {tuple(x.shape)}; accepted: {arg} shape == "
+                         f"x.shape[:-1] (one per row of the last, class dim)")
     return [(tuple(index.shape), x.dtype)]
+
+
+def _pick_meta(layouts, ignore_index=None):
+    return _one_per_row("pick", "index", *layouts)
 
 
 def _pick_signatures(layouts, **_):
@@ -127,16 +132,12 @@ def _ce_meta(layouts, ignore_index):
     if logits.dtype.kind != "f":
         raise TypeError(f"softmax_cross_entropy: argument 'logits' must be floating, got "
                         f"{logits.dtype}")
-    check_int("softmax_cross_entropy", "target", target)
-    if logits.ndim == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
-        raise ValueError(f"softmax_cross_entropy: target of shape {tuple(target.shape)} does "
-                         f"not match logits of shape {tuple(logits.shape)}; accepted: target "
-                         f"shape == logits.shape[:-1] (class dim last)")
-    return [(tuple(target.shape), logits.dtype)]
+    return _one_per_row("softmax_cross_entropy", "target", logits, target)
 
 
 def _ce_parts(xp, logits, target, ignore_index):
     _check_targets("cross_entropy", target, logits.shape[-1], ignore_index)
+    logits = widen(xp, logits)  # float16: the log-sum-exp in float32
     valid = target != ignore_index
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
@@ -157,6 +158,7 @@ def _ce_grad_kernel(xp, g, logits, target, ignore_index):
     if logits.size == 0:
         return xp.zeros(logits.shape, dtype=logits.dtype)
     _, e, s, valid, index = _ce_parts(xp, logits, target, ignore_index)
+    g = widen(xp, g)
     scale = xp.where(valid, g, xp.zeros((), dtype=g.dtype))[..., None]
     out = e * (scale / s)
     return last_dim_add(xp, out, index, -scale)
@@ -175,6 +177,7 @@ def _ce_signatures(layouts, **_):
 _ce_comm = row_stats_comm(3, lambda logits, attrs: (logits.ndim - 1,))  # max, sum, pick
 
 
+@widened
 def _ce_composite(logits, target, ignore_index):
     """The cross entropy from reductions over ranks (class-split logits stay split)."""
     m = reduced(OPS.amax(logits, dim=-1, keepdim=True)).detach()

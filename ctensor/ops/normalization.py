@@ -14,7 +14,7 @@ import numpy as np
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, defop, reduced, row_stats_comm, sig
+from ._rules import B, P, S, defop, reduced, row_stats_comm, sig, widen, widened
 from .softmax import float_meta
 
 
@@ -29,6 +29,7 @@ def _normalize(xp, x, ndims, eps):
 def _kernel(xp, x, ndims, eps):
     if x.size == 0:
         return x.copy()
+    x = widen(xp, x)  # float16: mean and variance in float32
     return _normalize(xp, x, ndims, eps)[0]
 
 
@@ -36,6 +37,7 @@ def _grad_kernel(xp, g, x, ndims, eps):
     """d/dx of (x - mean) * rstd: rstd * (g - mean(g) - xhat * mean(g * xhat))."""
     if x.size == 0:
         return g.copy()
+    g, x = widen(xp, g, x)
     xhat, rstd, axes = _normalize(xp, x, ndims, eps)
     return rstd * (g - xp.mean(g, axis=axes, keepdims=True)
                    - xhat * xp.mean(g * xhat, axis=axes, keepdims=True))
@@ -59,6 +61,7 @@ def _signatures(layouts, ndims, **_):
     return cands
 
 
+@widened
 def _composite(x, ndims, eps):
     """The normalisation from partial means: a split normalised dim stays split."""
     dims = tuple(range(x.ndim - ndims, x.ndim))

@@ -24,7 +24,7 @@ from ..sbp import dual, normalize_sbp
 from ..tensor import Tensor
 from ._rules import B, P, PMAX, PMIN, S, defop, sig
 
-__all__ = ["to_global", "clone", "to", "half", "long", "int_", "bool_", "type_as", "copy_"]
+__all__ = ["to_global", "clone", "to", "half", "long", "int_", "bool_", "type_as"]
 
 
 # ----------------------------------------------------------------------------- to_global

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, defop, norm_dim, reduced, row_stats_comm, sig
+from ._rules import B, P, S, defop, norm_dim, reduced, row_stats_comm, sig, widen, widened
 
 
 def _kernel(xp, x, dim, log):
     if x.size == 0:
         return x.copy()
+    x = widen(xp, x)  # float16: the max, exponentials and their sum in float32
     z = x - xp.max(x, axis=dim, keepdims=True)
     e = xp.exp(z)
     s = xp.sum(e, axis=dim, keepdims=True)
@@ -26,6 +27,7 @@ def _kernel(xp, x, dim, log):
 
 
 def _grad_kernel(xp, g, y, dim, log):
+    g, y = widen(xp, g, y)
     if log:  # y = log_softmax(x): dx = g - softmax(x) * sum(g)
         return g - xp.exp(y) * xp.sum(g, axis=dim, keepdims=True)
     return y * (g - xp.sum(g * y, axis=dim, keepdims=True))
@@ -56,6 +58,7 @@ def _signatures(layouts, dim, **_):
     return cands
 
 
+@widened
 def _composite(x, dim, log):
     """Softmax from reductions over ranks: a split along ``dim`` stays split."""
     z = x - reduced(OPS.amax(x, dim=dim, keepdim=True)).detach()

@@ -88,7 +88,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--load", help="checkpoint directory to start from")
     p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p.parse_args(argv)
+    add_memory_options(p)
+    a = p.parse_args(argv)
+    check_memory_options(p, a)
+    return a
 
 
 def config_name(a) -> str:
@@ -161,7 +164,9 @@ def build(a):
 
 
 def main(a) -> list:
+    memory = MemoryOptions(a)  # --recompute --fsdp --precision --track-memory
     gpt, stages = build(a)
+    memory.setup(gpt, stages)
     params = [p for st in stages for p in st.module.parameters()]
     n_params = sum(p.numel() for p in params)
     formula = parameter_count(a.hidden, a.layers, VOCAB_SIZE, a.seq_len)
@@ -208,7 +213,7 @@ def main(a) -> list:
             bar = None
     log_file = open(a.log_json, "w") if (a.log_json and rank0) else None
     history = []
-    loss_fn = (lambda logits, y: F.cross_entropy(logits, y))
+    loss_fn = memory.loss_fn(lambda logits, y: F.cross_entropy(logits, y))
     t_start = time.perf_counter()
     for step in range(start_step, a.steps):
         t0 = time.perf_counter()
@@ -219,10 +224,9 @@ def main(a) -> list:
               for m in range(a.micro_batches)]
         timeline = step_timeline(a, step)
         loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule,
-                             num_model_chunks=a.virtual_stages, timeline=timeline)
-        if a.clip:
-            nn.utils.clip_grad_norm_(params, a.clip)
-        optimizer.step()
+                             num_model_chunks=a.virtual_stages,
+                             timeline=timeline) / memory.loss_scale()
+        memory.step(optimizer, params, a.clip)  # clip, then step (skipped on fp16 overflow)
         optimizer.zero_grad()
         scheduler.step()
         dt = time.perf_counter() - t0
@@ -239,10 +243,11 @@ def main(a) -> list:
     if bar is not None:
         bar.close()
     peak_mib = peak_memory_per_rank()
+    memory.gather()  # collective: every rank's ct.debug.memory() figures
     if log_file:
         summary = {"summary": True, "steps": len(history),
                    "tokens_per_s": len(history) * a.global_batch * a.seq_len
-                   / max(elapsed, 1e-9), "peak_mib_per_rank": peak_mib}
+                   / max(elapsed, 1e-9), "peak_mib_per_rank": peak_mib, **memory.summary()}
         if getattr(a, "recorded_timeline", None) is not None:
             summary["timeline"] = a.recorded_timeline.as_dict()
         log_file.write(json.dumps(summary) + "\n")
@@ -253,6 +258,7 @@ def main(a) -> list:
         for st in stages:
             state["model"].update(st.module.state_dict())
         ct.save(state, a.save)
+    memory.print_report(rank0)
     if rank0 and history:
         steps_run = len(history)
         print(f"done {config_name(a)}: {steps_run} steps, loss {history[0]:.4f} -> "
@@ -331,15 +337,112 @@ def write_timeline(a, rank0: bool) -> None:
 
 
 def peak_memory_per_rank() -> list:
-    """Each rank's peak resident memory in MiB (gathered as a global tensor: every rank
-    contributes its own one-element shard)."""
+    """Each rank's peak resident memory in MiB, on every rank."""
     import resource
     mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    everyone = ct.placement.all()
-    w = ct.runtime.world()
-    local = {r: np.array([mib]) for r in w.held_ranks} if len(w.held_ranks) > 1 else \
-        np.array([mib])
-    return [round(float(v), 1) for v in ct.from_local(local, everyone, ct.sbp.split(0)).numpy()]
+    return [round(float(v), 1) for v in ct.debug.per_rank(mib)]
+
+
+# ----------------------------------------------------------------------------- memory options
+PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
+
+
+def add_memory_options(p: argparse.ArgumentParser) -> None:
+    """--recompute, --fsdp, --precision, --track-memory (see MemoryOptions)."""
+    g = p.add_argument_group("memory", "activation recompute, fully sharded data parallel, "
+                                       "mixed precision, memory figures")
+    g.add_argument("--recompute", action="store_true",
+                   help="checkpoint every block: keep only its input, recompute the rest")
+    g.add_argument("--fsdp", nargs="?", const="zero3", choices=["zero3", "zero2"],
+                   help="fully shard parameters, gradients and optimizer states along the "
+                        "data-parallel mesh axis (zero3: free gathered parameters after each "
+                        "module's forward; zero2: keep them until its backward)")
+    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
+                   help="compute dtype: fp32 (--dtype throughout), fp16 (float16 compute, "
+                        "--dtype master weights, dynamic loss scaling); bf16 is refused: "
+                        "NumPy has no bfloat16")
+    g.add_argument("--track-memory", action="store_true",
+                   help="count bytes of shards per rank (ct.debug.memory) and report peaks")
+
+
+def check_memory_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Usage errors before anything runs: bf16 where no bfloat16 dtype exists."""
+    if PRECISIONS[a.precision] is not None:
+        try:
+            nn.compute_dtype(PRECISIONS[a.precision])
+        except TypeError as exc:
+            p.error(f"--precision {a.precision}: {exc}".replace("mixed_precision: ", ""))
+
+
+class MemoryOptions:
+    """What --recompute, --fsdp, --precision and --track-memory do to the training step."""
+
+    def __init__(self, a):
+        self.a = a
+        self.scaler = None
+        self.figures: dict = {}
+        if a.track_memory:
+            ct.debug.track_memory()
+
+    def setup(self, gpt, stages) -> None:
+        a = self.a
+        if a.recompute:
+            gpt.recompute = True
+        for st in stages:
+            if a.fsdp:
+                nn.fully_shard(st.module, st.placement, dp_axis=0,
+                               reshard_after_forward=a.fsdp == "zero3")
+            if PRECISIONS[a.precision] is not None:
+                nn.mixed_precision(st.module, PRECISIONS[a.precision])
+        if a.precision == "fp16":
+            self.scaler = optim.GradScaler(init_scale=2.0 ** 12, growth_interval=100)
+        if a.track_memory:
+            ct.debug.reset_peak_memory()
+
+    def loss_fn(self, fn):
+        if self.scaler is None:
+            return fn
+        return lambda logits, y: self.scaler.scale(fn(logits, y))
+
+    def loss_scale(self) -> float:
+        return 1.0 if self.scaler is None else self.scaler.get_scale()
+
+    def step(self, optimizer, params, clip: float) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+        if clip:
+            nn.utils.clip_grad_norm_(params, clip)
+        if self.scaler is not None:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+
+    def gather(self) -> None:
+        """Every rank's peak bytes by kind (collective; nothing without --track-memory)."""
+        if not self.a.track_memory:
+            return
+        from ctensor.memory import KINDS
+        w = ct.runtime.world()
+        rows = {}
+        for r in w.held_ranks:
+            m = ct.debug.memory(r)
+            rows[r] = np.array([m.peak[k] for k in KINDS] + [m.peak_total], dtype=np.float64)
+        local = rows if len(w.held_ranks) > 1 else rows[w.held_ranks[0]]
+        table = ct.from_local(local, ct.placement.all(), ct.sbp.split(0)).numpy()
+        table = table.reshape(ct.world_size(), len(KINDS) + 1)
+        self.figures = {"memory_peak_bytes_per_rank": {
+            k: table[:, i].astype(int).tolist() for i, k in enumerate(list(KINDS) + ["total"])}}
+
+    def summary(self) -> dict:
+        return dict(self.figures)
+
+    def print_report(self, rank0: bool) -> None:
+        if not (rank0 and self.figures):
+            return
+        peaks = self.figures["memory_peak_bytes_per_rank"]
+        print("peak bytes of shards per rank (ct.debug.memory): " + ", ".join(
+            f"{k} {max(v):,}" for k, v in peaks.items()))
 
 
 def run(argv=None) -> list:
