@@ -24,6 +24,7 @@ from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported l
 from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
 from .errors import CollectiveError, DivergenceError, CommTimeoutError, RankExitedError
+from .pending import PendingTensor
 from .registry import OPS as _OPS
 
 __version__ = "0.1.0"
