@@ -26,6 +26,7 @@ from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
 from .errors import (CollectiveError, DivergenceError, CommTimeoutError, RankExitedError,
                      MetaModeError)
+from .pending import PendingTensor
 from .registry import OPS as _OPS
 
 __version__ = "0.1.0"

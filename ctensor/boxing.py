@@ -21,6 +21,14 @@ Across placements (other ranks, other mesh shape, cpu<->cuda) each target rank r
 intersections of its region with the source regions by point-to-point transfers, after the
 source's partial axes are reduce-scattered; a partial target is rebuilt locally.
 
+Two executors run the same plans. :func:`box` runs every step to its end. :func:`box_start`
+is the asynchronous one (start -> handle -> wait): it runs the steps in order until one that
+has a nonblocking form — an exchange (``comm.exchange_start``: a sender never waits for its
+receiver), an all-reduce, reduce-scatter or all-gather (``comm.*_start``) — starts that one
+and returns a :class:`~ctensor.comm.base.Pending`; ``wait()`` completes it and runs the rest
+of the plan. Pipeline stages hand their outputs over with it; gradient buckets
+(:func:`reduce_flat`) and parameter prefetching use the same started collectives.
+
 This module and ``comm/`` are the only places that move tensor data (gradient buckets go
 through :func:`reduce_flat` here); besides them only the runtime's ``World.exchange`` /
 ``World.agree`` talk to a communicator, for small Python objects (checks of metadata).
@@ -35,13 +43,14 @@ import numpy as np
 
 from . import cost as cost_model
 from . import debug
+from .comm import context
 from .comm.base import Message, Pending
 from .layout import Layout, intersect, slices
 from .arrays import array_module, to_device, to_host
 from .runtime import world
 from .sbp import Broadcast, Partial, ReduceOp, Split, SBP
 
-__all__ = ["box", "plan", "cost", "reduce_flat"]
+__all__ = ["box", "box_start", "plan", "cost", "reduce_flat"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -70,6 +79,13 @@ class _Step(ABC):
     def run(self, comm, shards: dict) -> dict:
         """Turn this process's ``{rank: array}`` from ``before`` into ``after``."""
 
+    #: whether :meth:`start` can return before the step's communication is over
+    starts = False
+
+    def start(self, comm, shards: dict) -> Pending:
+        """:meth:`run`, started (see :func:`box_start`); here it runs at once."""
+        return Pending(self.run(comm, shards))
+
     def __repr__(self) -> str:
         axis = "" if self.mesh_axis is None else f" axis {self.mesh_axis}"
         return (f"{self.collective}{axis}: {self.before.sbp} -> {self.after.sbp}")
@@ -94,6 +110,31 @@ class _GroupStep(_Step):
         debug.record(self, sum(int(a.nbytes) for a in shards.values()) if shards else 0)
         return out
 
+    def start(self, comm, shards):
+        if not self.starts:
+            return Pending(self.run(comm, shards))
+        pending, done = [], set()
+        for r in shards:
+            if r in done:
+                continue
+            group = self.before.placement.axis_group(r, self.mesh_axis)
+            held = {g: shards[g] for g in group if g in shards}
+            done.update(held)
+            pending.append(self.start_group(comm, group, held))
+        debug.record(self, sum(int(a.nbytes) for a in shards.values()) if shards else 0)
+
+        def wait() -> dict:
+            out = {}
+            for p in pending:
+                out.update(p.wait())
+            return out
+
+        return Pending(wait=wait, test=lambda: all(p.test() for p in pending))
+
+    def start_group(self, comm, group: tuple, held: dict) -> Pending:
+        """:meth:`run_group`, started (the steps whose collective has a started form)."""
+        return Pending(self.run_group(comm, group, held))
+
     def group_size(self) -> int:
         return self.before.placement.shape[self.mesh_axis]
 
@@ -115,9 +156,15 @@ class _AllGather(_GroupStep):
     def cost(self):
         return self._time(self.after)
 
+    starts = True
+
     def run_group(self, comm, group, held):
         sizes = [self.before.local_shape(g)[self.dim] for g in group]
         return comm.all_gather(group, held, self.dim, sizes)
+
+    def start_group(self, comm, group, held):
+        sizes = [self.before.local_shape(g)[self.dim] for g in group]
+        return comm.all_gather_start(group, held, self.dim, sizes)
 
 
 class _AllToAll(_GroupStep):
@@ -147,8 +194,13 @@ class _AllReduce(_GroupStep):
     def cost(self):
         return self._time(self.before)
 
+    starts = True
+
     def run_group(self, comm, group, held):
         return comm.all_reduce(group, held, self.op)
+
+    def start_group(self, comm, group, held):
+        return comm.all_reduce_start(group, held, self.op)
 
 
 class _ReduceScatter(_GroupStep):
@@ -161,9 +213,15 @@ class _ReduceScatter(_GroupStep):
     def cost(self):
         return self._time(self.before)
 
+    starts = True
+
     def run_group(self, comm, group, held):
         sizes = [self.after.local_shape(g)[self.dim] for g in group]
         return comm.reduce_scatter(group, held, self.op, self.dim, sizes)
+
+    def start_group(self, comm, group, held):
+        sizes = [self.after.local_shape(g)[self.dim] for g in group]
+        return comm.reduce_scatter_start(group, held, self.op, self.dim, sizes)
 
 
 class _Slice(_Step):
@@ -268,13 +326,36 @@ class _Exchange(_Step):
         return cost_model.collective("send_recv", 2, max(load.values()),
                                      self.after.placement.device)
 
-    def run(self, comm, shards):
+    def _sends(self, comm, shards, snapshot: bool) -> dict:
+        """The piece of every message this process sends (``snapshot``: copies, so that
+        writes to the source after a started exchange do not change what arrives)."""
         sends = {m: shards[m.src][slices(piece, self.before.region(m.src))]
                  for m, piece in self.messages if m.src in shards}
         for m in list(sends):  # a host communicator needs host arrays across processes
             if m.dst not in comm.held_ranks and not getattr(comm, "device_arrays", False):
                 sends[m] = to_host(sends[m])
+            elif snapshot:
+                sends[m] = sends[m].copy()
+        return sends
+
+    def run(self, comm, shards):
+        sends = self._sends(comm, shards, snapshot=False)
         received = comm.exchange([m for m, _ in self.messages], sends)
+        return self._assemble(comm, shards, received)
+
+    starts = True
+
+    def start(self, comm, shards):
+        sends = self._sends(comm, shards, snapshot=True)
+        pending = comm.exchange_start([m for m, _ in self.messages], sends)
+        held = {r: None for r in shards}  # which sources this process holds, for the log
+        return Pending(wait=lambda: self._assemble(comm, held, pending.wait(), private=True),
+                       test=pending.test)
+
+    def _assemble(self, comm, shards, received, private: bool = False) -> dict:
+        """Each held target rank's shard, put together from the pieces it received
+        (``private``: the received arrays belong to nobody else, so a single piece that is
+        the whole shard is taken as it is)."""
         out = {}
         device, dtype = self.after.placement.device, self.after.dtype
         xp = array_module(device)
@@ -282,7 +363,15 @@ class _Exchange(_Step):
             if d not in comm.held_ranks:
                 continue
             want = self.after.region(d)
-            buf = xp.empty(tuple(b - a for a, b in want), dtype=dtype)
+            shape = tuple(b - a for a, b in want)
+            pieces = [m for m, _ in self.messages if m.dst == d]
+            if private and len(pieces) == 1:
+                arr = received[pieces[0]]
+                if arr.shape == shape and arr.dtype == dtype and arr.flags.c_contiguous \
+                        and array_module(arr) is xp:
+                    out[d] = arr
+                    continue
+            buf = xp.empty(shape, dtype=dtype)
             for m, piece in self.messages:
                 if m.dst == d:
                     buf[slices(piece, want)] = to_device(received[m], device)
@@ -404,6 +493,54 @@ def communicates(src: Layout, dst: Layout) -> bool:
 def cost(src: Layout, dst: Layout) -> float:
     """Estimated seconds of boxing ``src`` into ``dst`` (see :mod:`ctensor.cost`)."""
     return sum(step.cost() for step in plan(src, dst))
+
+
+def box_start(shards: dict, src: Layout, dst: Layout) -> Pending:
+    """Start the plan from ``src`` to ``dst`` (the asynchronous executor, see the module
+    docstring): returns a :class:`~ctensor.comm.base.Pending` whose ``wait()`` gives the
+    ``{rank: array}`` shards of ``dst``. Every rank of the world calls it and its ``wait``
+    at the same points of the program, as with :func:`box`; a rank that only sends has
+    nothing to wait for.
+
+    >>> pending = box_start(x._shards, x._layout, target)    # the data starts moving
+    >>> shards = pending.wait()                               # ... and is here
+    """
+    if src is dst:
+        return Pending(shards)
+    return _resume(plan(src, dst), 0, shards, src, dst, context.op_stack[-1])
+
+
+def _resume(steps: tuple, i: int, shards: dict, src: Layout, dst: Layout, op: str) -> Pending:
+    """Run ``steps[i:]`` until one starts communicating in the background; the returned
+    handle's ``wait()`` finishes that one and resumes after it (under the op name ``op``
+    the plan was started for, so logs and fingerprints name it)."""
+    comm = None
+    while i < len(steps):
+        step = steps[i]
+        i += 1
+        if step.local:
+            shards = step.run(None, shards)
+            continue
+        if comm is None:
+            comm = world().comm_for(src.placement.device, dst.placement.device)
+        with debug.boxing_step(step):
+            if not step.starts:
+                shards = step.run(comm, shards)
+                continue
+            pending = step.start(comm, shards)
+        if i == len(steps):
+            return pending
+        rest = i
+
+        def wait(pending=pending, rest=rest) -> dict:
+            context.op_stack.append(op)
+            try:
+                return _resume(steps, rest, pending.wait(), src, dst, op).wait()
+            finally:
+                context.op_stack.pop()
+
+        return Pending(wait=wait, test=pending.test)
+    return Pending(shards)
 
 
 def box(shards: dict, src: Layout, dst: Layout) -> dict:

@@ -273,6 +273,12 @@ class BackwardContext:
     attrs: dict
     op: OpDef
     in_layouts: tuple
+    #: per input, whether it needs a gradient (a backward may skip the others: return None)
+    needs_input_grad: tuple = ()
+
+    def needs_grad(self, i: int) -> bool:
+        """Whether input ``i`` needs a gradient (True when unknown)."""
+        return self.needs_input_grad[i] if i < len(self.needs_input_grad) else True
 
 
 # --------------------------------------------------------------------------- constants
@@ -755,7 +761,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
         saved_out = tuple([o.detach() for o in outputs])
-        ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts)
+        ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts,
+                              tuple(bool(grads >> i & 1) for i in range(len(tensors))))
         hooks = autograd.saved_hooks()
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
@@ -779,7 +786,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             if hooks is not None:
                 ctx = BackwardContext(tuple(hooks[1](t) for t in ctx.inputs),
                                       tuple(hooks[1](t) for t in ctx.outputs), ctx.attrs,
-                                      ctx.op, ctx.in_layouts)
+                                      ctx.op, ctx.in_layouts, ctx.needs_input_grad)
             if single:
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)

@@ -172,16 +172,21 @@ class Tensor:
         return self._shards[rank]
 
     # ----------------------------------------------------------------- conversion
-    def to_global(self, placement=None, sbp=None) -> "Tensor":
+    def to_global(self, placement=None, sbp=None, async_op: bool = False):
         """Redistribute to ``placement`` (default: the same) and ``sbp`` (default: the same
         SBP when the placement's mesh has the same number of axes, else broadcast).
 
         Differentiable; returns ``self`` when nothing changes. Collective: every rank of
-        both placements must call it.
+        both placements must call it. ``async_op=True`` only starts the move and returns a
+        :class:`~ctensor.PendingTensor` whose ``wait()`` gives the result: a rank that only
+        sends (another placement's producer) goes on at once, and a receiver waits only
+        when it asks for the data.
 
         >>> y = x.to_global(sbp=ct.sbp.broadcast)      # all-gather / all-reduce as needed
+        >>> moving = x.to_global(other, sbp=ct.sbp.split(0), async_op=True)
+        >>> z = moving.wait()
         """
-        return OPS.to_global(self, placement, sbp)
+        return OPS.to_global(self, placement, sbp, async_op=async_op)
 
     def numpy(self) -> np.ndarray:
         """A copy of the whole logical value as a NumPy array, on every rank of the world

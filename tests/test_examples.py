@@ -17,9 +17,11 @@ one this file cannot run fails it:
 How a command is made small (``adapt``): a benchmark gets ``--quick``; ``train.py`` gets
 ``TINY_GPT``, a tiny model and 2 steps (appended: argparse takes the last value); the output
 options in ``OUTPUTS`` are pointed into a temporary directory, so no README command
-overwrites a file of the repository (``--plot docs/gpt_loss_2x2x1.png``). ``--plot`` needs
-matplotlib, which CI does not install: with it the PNG must be written, without it train.py
-must say that it needs matplotlib. ``benchmarks/gpu_check.py`` without a usable GPU must say
+overwrites a file of the repository (``--plot docs/gpt_loss_2x2x1.png``); a command that
+sets ``--layers`` (virtual stages need enough of them) keeps its own. ``--plot`` and a
+``--timeline`` PNG need matplotlib, which CI does not install: with it the PNG must be
+written, without it train.py must say that it needs matplotlib; a ``--timeline`` SVG is
+always written. ``benchmarks/gpu_check.py`` without a usable GPU must say
 so and exit with status 2 (nothing was checked): that is a skip; with a GPU it must pass.
 
 These tests start processes of their own, so they are skipped when the suite itself runs
@@ -49,7 +51,7 @@ SETUP = ['pip install -e ".[test]"', "pytest"]  # the README's install-and-test 
 GENERIC = {"python script.py", "mpiexec -n 4 python script.py"}  # "Running": the pattern
 TINY_GPT = ["--steps", "2", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
             "--global-batch", "8", "--no-progress"]
-OUTPUTS = {"--plot", "--save", "--log-json"}  # train.py options naming a file it writes
+OUTPUTS = {"--plot", "--save", "--log-json", "--timeline"}  # train.py options naming a file
 TIMEOUT_S = 180  # per command; a hang fails sooner, through CTENSOR_TIMEOUT
 SLOW = {"benchmarks/gpu_check.py": 420}  # with a GPU its --quick run takes up to ~5 min
 NO_GPU_EXIT = 2  # gpu_check.py: "no usable GPU here; nothing was checked"
@@ -155,7 +157,10 @@ def adapt(script: Path, options: list, tmp_path: Path) -> tuple:
     if rel.startswith("benchmarks/"):
         options.append("--quick")
     elif rel == "examples/gpt/train.py":
-        options += TINY_GPT
+        tiny = list(TINY_GPT)
+        if "--layers" in options:  # a command with virtual stages needs its layers
+            del tiny[tiny.index("--layers"):tiny.index("--layers") + 2]
+        options += tiny
     return options, outputs
 
 
@@ -238,6 +243,8 @@ def test_readme_command_runs(command, tmp_path):
     for option, path in outputs.items():
         if option == "--plot" and not _has_matplotlib():
             assert "--plot needs matplotlib" in proc.stdout, log
+        elif option == "--timeline" and not path.endswith(".svg") and not _has_matplotlib():
+            assert f"--timeline {path} needs matplotlib" in proc.stdout, log
         else:
             assert Path(path).exists(), f"`{command}`: {option} wrote no {path}\n{log}"
 

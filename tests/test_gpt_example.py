@@ -1,6 +1,7 @@
-"""examples/gpt/train.py: every parallel configuration gives the loss curve of one process,
-with dropout on, in float64 (<= 1e-9 relative). In simulation every configuration runs;
-under mpiexec the ones whose size equals the world run on real ranks."""
+"""examples/gpt/train.py: every parallel configuration and every pipeline schedule (GPipe,
+1F1B, interleaved 1F1B with virtual stages) gives the loss curve of one process, with
+dropout on, in float64 (<= 1e-9 relative). In simulation every configuration runs; under
+mpiexec the ones whose size equals the world run on real ranks."""
 import importlib.util
 import math
 from pathlib import Path
@@ -50,6 +51,61 @@ def test_same_loss_curve_as_one_process(train, reference, config, schedule):
     assert len(history) == len(reference)
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
     assert history[-1] < history[0]
+
+
+# interleaved 1F1B: 4 layers, 2 virtual stages per device (the one-process curve of 4 layers)
+TINY4 = [a if a != "2" or TINY[i - 1] != "--layers" else "4" for i, a in enumerate(TINY)]
+INTERLEAVED = ["1x1x2", "2x1x2", "1x2x2"]
+
+
+@pytest.fixture(scope="module")
+def reference4(train):
+    return train.run(TINY4 + ["--simulate", "1"])
+
+
+@pytest.mark.parametrize("config", INTERLEAVED)
+def test_interleaved_gives_the_loss_curve_of_one_process(train, reference4, config):
+    dp, tp, pp = map(int, config.split("x"))
+    size = dp * tp * pp
+    args = TINY4 + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--schedule",
+                    "interleaved", "--virtual-stages", "2"]
+    if MPI_MODE:
+        if size != ct.world_size():
+            pytest.skip(f"{config} needs exactly {size} ranks")
+    else:
+        args += ["--simulate", str(size)]
+    history = train.run(args)
+    np.testing.assert_allclose(history, reference4, rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--pp", "2", "--virtual-stages", "2"], "--virtual-stages 2 needs --schedule interleaved"),
+    (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--layers", "6"],
+     "--virtual-stages 2 does not divide the layers: --layers 6 must be a multiple of --pp x "
+     "--virtual-stages = 4"),
+    (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--layers", "4",
+      "--micro-batches", "1"], "--schedule interleaved needs --micro-batches >= --pp"),
+])
+def test_pipeline_options_are_checked_before_training(train, options, message):
+    with pytest.raises(SystemExit, match=message):
+        train.run(TINY + options + ["--simulate", "2"])
+
+
+def test_timeline_of_the_last_step(train, tmp_path):
+    path = tmp_path / "timeline.svg"
+    log = tmp_path / "log.jsonl"
+    sim = [] if MPI_MODE else ["--simulate", "2"]
+    if MPI_MODE and ct.world_size() != 2:
+        pytest.skip("a 1x1x2 run needs exactly 2 ranks")
+    train.run(TINY + ["--pp", "2", "--timeline", str(path), "--log-json", str(log)] + sim)
+    if ct.rank() != 0:
+        return
+    assert path.read_text().startswith("<svg")
+    import json
+    summary = json.loads(log.read_text().splitlines()[-1])["timeline"]
+    assert summary["kind"] == "1f1b" and summary["num_stages"] == 2
+    assert summary["peak_live_micro_batches"] == {"0": 2, "1": 1}
+    assert summary["theoretical_idle"] == pytest.approx(1 / 3)
 
 
 def test_parameter_count_formula(train):

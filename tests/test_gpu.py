@@ -236,6 +236,27 @@ def test_fake_nccl_exchange_matches_pairs_in_message_order():
         assert all(m not in got[r] for r in range(4) if r != m.dst)
 
 
+def test_fake_nccl_exchange_start_matches_exchange():
+    """The nonblocking exchange (a side stream on a GPU; on the CPU fake, in order) gives
+    the blocking one's result, on communicators of its own."""
+    f = np.dtype(np.float64)
+    msgs = [Message(0, 1, 0, (3, 2), f), Message(1, 0, 0, (5,), f), Message(2, 2, 0, (2,), f),
+            Message(1, 0, 1, (0,), f), Message(3, 1, 0, (4, 4), f)]
+    rng = np.random.default_rng(1)
+    payload = {m: rng.standard_normal(m.shape) for m in msgs}
+    lib = FakeNccl()
+    comms = nccl_world(4, lib)
+
+    def run(r):
+        pending = comms[r].exchange_start(msgs, {m: a for m, a in payload.items() if m.src == r})
+        return pending.wait()
+
+    got = run_ranks(range(4), run)
+    for m in msgs:
+        np.testing.assert_array_equal(got[m.dst][m], payload[m])
+    assert ("transfers", (0, 1, 3)) in comms[1]._comms  # not the collectives' communicator
+
+
 def test_fake_nccl_caches_one_communicator_per_group():
     lib = FakeNccl()
     comms = nccl_world(2, lib)
@@ -294,6 +315,9 @@ def test_staged_communicator_round_trips_through_the_host():
     m = Message(0, 1, 0, (3, 4), np.dtype(np.float64))
     out = comm.exchange([m], {m: dev[0]})
     assert isinstance(out[m], _Device)
+    started = comm.exchange_start([m], {m: dev[0]}).wait()  # host copies, up at wait()
+    assert isinstance(started[m], _Device)
+    np.testing.assert_array_equal(np.asarray(started[m]), data[0])
     assert comm.all_gather_object(group, {r: r for r in group})[0] == [2, 0, 1]
 
 

@@ -527,3 +527,41 @@ def test_environment_settings(monkeypatch):
     for value, expected in (("1", True), ("0", False), ("", False), ("yes", True)):
         monkeypatch.setenv("CTENSOR_DEBUG", value)
         assert wd.env_debug() is expected
+
+
+# ----------------------------------------------------------------------------- nonblocking
+@needs_launcher
+def test_async_transfer_with_other_shapes_is_a_divergence_error_naming_both_sides():
+    """The header of a nonblocking transfer (its guard) disagrees: the receiver raises at
+    once, saying what it expected and what the sender sent, and the job ends."""
+    proc, elapsed = run_mpi([SCRIPTS / "async_transfer.py", "shapes"], CTENSOR_TIMEOUT="30")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0 and elapsed < 20, out
+    assert out.count("[rank 1] ctensor.errors.DivergenceError: rank 1 expected collective "
+                     "#1 on ranks [0, 1]: send_recv") == 1, out
+    assert "local buffer (5, 3) float32" in out and "rank 0 sent collective #1" in out, out
+    assert "local buffer (4, 3) float32" in out, out
+    assert "rank 1 finished" not in out, out  # (the sender goes on: it never waits)
+
+
+@needs_launcher
+@pytest.mark.parametrize("how, waiting, left", [("sender-leaves", 1, 0),
+                                                ("receiver-leaves", 0, 1)])
+def test_async_transfer_with_a_rank_that_left_fails_within_seconds(how, waiting, left):
+    """A receiver waiting for a sender that left, and a sender whose receiver left (its
+    exit completes its sends first), both fail with RankExitedError instead of hanging."""
+    proc, elapsed = run_mpi([SCRIPTS / "async_transfer.py", how], CTENSOR_TIMEOUT="30")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0 and elapsed < 20, out
+    assert f"[rank {waiting}] ctensor.errors.RankExitedError: rank {waiting} waits in " \
+           f"collective #1 on ranks [0, 1]: send_recv" in out, out
+    assert f"but rank {left} left and will never join it" in out, out
+
+
+@needs_launcher
+def test_async_transfer_that_agrees_finishes_cleanly():
+    proc, elapsed = run_mpi([SCRIPTS / "async_transfer.py", "normal"])
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode == 0 and elapsed < 20, out
+    assert sorted(proc.stdout.splitlines()) == ["rank 0 finished with 0.0",
+                                                "rank 1 finished with 0.0"], out

@@ -118,6 +118,20 @@ class Communicator(ABC):
         """:meth:`reduce_scatter`, started (see :meth:`all_reduce_start`)."""
         return Pending(self.reduce_scatter(group, bufs, op, dim, sizes))
 
+    def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
+        """:meth:`exchange`, started: returns at once, and the returned :class:`Pending`'s
+        ``wait()`` gives ``{message: array}`` for the messages this process receives,
+        waiting only for those. Sends complete in the background (the sender never waits
+        for its receiver); ``sends`` are snapshots the caller no longer writes to. Ranks
+        start the exchanges between one pair in the same order, as with every collective.
+        Here it runs at once."""
+        return Pending(self.exchange(messages, sends))
+
+    def all_gather_start(self, group: Group, bufs: Shards, dim: int,
+                         sizes: Sequence[int]) -> Pending:
+        """:meth:`all_gather`, started (see :meth:`all_reduce_start`)."""
+        return Pending(self.all_gather(group, bufs, dim, sizes))
+
     def barrier(self) -> None:
         """Wait for every rank of the world (no-op where the process holds all ranks)."""
 

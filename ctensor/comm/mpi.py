@@ -44,6 +44,7 @@ from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
 from .buffers import BufferPool
+from .p2p import NonblockingExchange, dtype_text as _dtype_text
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
 #: seconds the excepthook waits before aborting on a CollectiveError (answering queries
@@ -68,17 +69,13 @@ _KIND = {name: i for i, name in enumerate(("all_reduce", "all_gather", "reduce_s
                                            "all_to_all", "send_recv", "all_gather_object",
                                            "barrier"), 1)}
 _REDUCTION = {ReduceOp.SUM: 1, ReduceOp.MAX: 2, ReduceOp.MIN: 3}
-_dtype_names: dict = {}  # str(dtype) takes microseconds; every collective names its dtype
 
 
 def _dtype_name(buf) -> str:
     dtype = getattr(buf, "dtype", None)
     if dtype is None:
         return ""
-    name = _dtype_names.get(dtype)
-    if name is None:
-        name = _dtype_names[dtype] = str(dtype)
-    return name
+    return _dtype_text(dtype)
 
 
 def _without(shape: tuple, *dims: int) -> tuple:
@@ -135,7 +132,7 @@ def _prefix(counts):
     return displs, total
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(NonblockingExchange, Communicator):
     """Wraps ``MPI.COMM_WORLD``; this process holds exactly its own rank.
 
     ``check_consistency`` (default: ``CTENSOR_DEBUG``) turns on the fingerprint exchange
@@ -155,6 +152,7 @@ class MPICommunicator(Communicator):
         self._channels: dict[Group, _Channel] = {}
         self._seq: dict[Group, int] = {}
         self._ops = {ReduceOp.SUM: MPI.SUM, ReduceOp.MAX: MPI.MAX, ReduceOp.MIN: MPI.MIN}
+        self._init_transfers()
         self.watchdog = Watchdog(MPI, self.world, env_timeout() if timeout is None else timeout,
                                  env_debug() if check_consistency is None else check_consistency)
 
@@ -203,6 +201,8 @@ class MPICommunicator(Communicator):
         """Count the call on its group, say what this rank is doing, in debug mode compare
         fingerprints with the other members, and run the guard (module docstring): raises
         before any data moves if the members disagree on ``guard``."""
+        if self._outbox:
+            self._reap()
         seq = self._seq.get(group, 0) + 1
         self._seq[group] = seq
         op, step = context.current()
@@ -226,28 +226,26 @@ class MPICommunicator(Communicator):
         watchdog.last = call
 
     # ------------------------------------------------------------------ collectives
-    def all_reduce(self, group, bufs, op):
-        buf = contiguous(self._mine(group, bufs))
-        if len(group) == 1:
-            return {self.rank: buf.copy()}
-        call, channel = self._begin("all_reduce", group, buf, (op.value,), same_shape=True,
-                                    guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
-        out = self._pool.empty(buf.shape, buf.dtype)
-        req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
-        self._finish([req], call, channel)
-        return {self.rank: out}
-
-    def _started(self, requests: list, call: Call, channel: _Channel, result: dict) -> Pending:
-        """A posted collective as a :class:`Pending`: ``test`` lets MPI progress it,
-        ``wait`` completes it under the watchdog and returns ``result``."""
+    def _started(self, requests: list, call: Call, channel: _Channel, result) -> Pending:
+        """A collective whose data move is posted (after the guard agreed): ``wait()``
+        completes it under the watchdog and returns ``result()``."""
         def wait() -> dict:
+            self.watchdog.doing = call
             self._finish(requests, call, channel)
-            return result
-        return Pending(wait=wait, test=lambda: self._MPI.Request.Testall(requests))
+            return result()
 
-    def all_reduce_start(self, group, bufs, op):
-        """:meth:`all_reduce`, posted (``Iallreduce``) and returned unfinished: the backward
-        pass starts gradient buckets this way and goes on computing."""
+        def test() -> bool:
+            return bool(self._MPI.Request.Testall(requests))
+
+        self.watchdog.doing = None  # this rank goes on with other work meanwhile
+        return Pending(wait=wait, test=test)
+
+    def all_reduce(self, group, bufs, op):
+        return self.all_reduce_start(group, bufs, op).wait()
+
+    def all_reduce_start(self, group, bufs, op) -> Pending:
+        """:meth:`all_reduce` as ``Iallreduce``: the guard runs now (it waits for the other
+        members, as every collective's does), the data moves while the caller goes on."""
         buf = contiguous(self._mine(group, bufs))
         if len(group) == 1:
             return Pending({self.rank: buf.copy()})
@@ -255,67 +253,66 @@ class MPICommunicator(Communicator):
                                     guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
         out = self._pool.empty(buf.shape, buf.dtype)
         req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
-        return self._started([req], call, channel, {self.rank: out})
-
-    def reduce_scatter_start(self, group, bufs, op, dim, sizes):
-        """:meth:`reduce_scatter` of a 1-D buffer along dim 0, posted and returned
-        unfinished (gradient buckets of sharded states)."""
-        buf = contiguous(self._mine(group, bufs))
-        if len(group) == 1 or dim != 0 or buf.ndim != 1:
-            return Pending(self.reduce_scatter(group, bufs, op, dim, sizes))
-        me = group.index(self.rank)
-        out = self._pool.empty((sizes[me],), buf.dtype)
-        call, channel = self._begin("reduce_scatter", group, buf,
-                                    (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
-                                    same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
-                                                            buf.dtype.num, buf.shape))
-        req = channel.data.Ireduce_scatter(buf, out, list(sizes), op=self._op(op, buf.dtype))
-        return self._started([req], call, channel, {self.rank: out})
+        return self._started([req], call, channel, lambda: {self.rank: out})
 
     def all_gather(self, group, bufs, dim, sizes):
+        return self.all_gather_start(group, bufs, dim, sizes).wait()
+
+    def all_gather_start(self, group, bufs, dim, sizes) -> Pending:
+        """:meth:`all_gather` as ``Iallgather(v)`` (see :meth:`all_reduce_start`)."""
         buf = self._mine(group, bufs)
         # gather along dim 0 of the moved array: parts are then contiguous byte ranges
         moved = np.moveaxis(buf, dim, 0) if dim else buf
         out = self._pool.empty((sum(sizes),) + moved.shape[1:], buf.dtype)
+
+        def result() -> dict:
+            return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
+
         if len(group) == 1:
             out[...] = moved
+            return Pending(result())
+        call, channel = self._begin("all_gather", group, buf,
+                                    (f"dim {dim}", f"sizes {list(sizes)}"),
+                                    guard=(dim, tuple(sizes), buf.dtype.num, moved.shape[1:]))
+        row = math.prod(moved.shape[1:]) * buf.dtype.itemsize
+        displs, _ = _prefix(sizes)
+        send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
+        comm = channel.data
+        if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
+            req = comm.Iallgather([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
         else:
-            call, channel = self._begin("all_gather", group, buf,
-                                        (f"dim {dim}", f"sizes {list(sizes)}"),
-                                        guard=(dim, tuple(sizes), buf.dtype.num,
-                                               moved.shape[1:]))
-            row = math.prod(moved.shape[1:]) * buf.dtype.itemsize
-            displs, _ = _prefix(sizes)
-            send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
-            comm = channel.data
-            if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
-                req = comm.Iallgather([send, self._MPI.BYTE], [recv, self._MPI.BYTE])
-            else:
-                req = comm.Iallgatherv([send, self._MPI.BYTE],
-                                       [recv, [n * row for n in sizes],
-                                        [d * row for d in displs], self._MPI.BYTE])
-            self._finish([req], call, channel)
-        return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
+            req = comm.Iallgatherv([send, self._MPI.BYTE],
+                                   [recv, [n * row for n in sizes],
+                                    [d * row for d in displs], self._MPI.BYTE])
+        # ``send`` may be a copy (a non-contiguous shard): the closure keeps it alive
+        return self._started([req], call, channel, lambda send=send: result())
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
+        return self.reduce_scatter_start(group, bufs, op, dim, sizes).wait()
+
+    def reduce_scatter_start(self, group, bufs, op, dim, sizes) -> Pending:
+        """:meth:`reduce_scatter` as ``Ireduce_scatter`` (see :meth:`all_reduce_start`)."""
         buf = self._mine(group, bufs)
         moved = contiguous(np.moveaxis(buf, dim, 0) if dim else buf)
         row = math.prod(moved.shape[1:])
         me = group.index(self.rank)
         out = self._pool.empty((sizes[me],) + moved.shape[1:], buf.dtype)
+
+        def result() -> dict:
+            return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
+
         if len(group) == 1:
             out[...] = moved
-        else:
-            call, channel = self._begin("reduce_scatter", group, buf,
-                                        (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
-                                        same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
-                                                                buf.dtype.num, buf.shape))
-            comm, mpi_op = channel.data, self._op(op, buf.dtype)
-            # always the v variant: MPICH's Ireduce_scatter_block is ~8x slower at 1 MiB
-            # (measured on 2 ranks), while Ireduce_scatter matches the blocking call
-            req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
-            self._finish([req], call, channel)
-        return {self.rank: contiguous(np.moveaxis(out, 0, dim)) if dim else out}
+            return Pending(result())
+        call, channel = self._begin("reduce_scatter", group, buf,
+                                    (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
+                                    same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
+                                                            buf.dtype.num, buf.shape))
+        comm, mpi_op = channel.data, self._op(op, buf.dtype)
+        # always the v variant: MPICH's Ireduce_scatter_block is ~8x slower at 1 MiB
+        # (measured on 2 ranks), while Ireduce_scatter matches the blocking call
+        req = comm.Ireduce_scatter(moved, out, [n * row for n in sizes], op=mpi_op)
+        return self._started([req], call, channel, lambda moved=moved: result())
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         buf = self._mine(group, bufs)
@@ -442,6 +439,14 @@ class MPICommunicator(Communicator):
         :meth:`Watchdog.leave`), then release the guards' persistent requests."""
         if self._MPI.Is_finalized() or self.size == 1:
             return
+        try:  # sends still in flight reach their receivers before this rank leaves
+            self.flush()
+        except CollectiveError as exc:  # a receiver left or never came: say so, end the job
+            sys.stderr.write("".join(f"[rank {self.rank}] {line}\n" for line in
+                                     f"{type(exc).__module__}.{type(exc).__name__}: {exc}"
+                                     .splitlines()))
+            sys.stderr.flush()
+            self.world.Abort(1)
         self.watchdog.leave(self.size)
         for channel in self._channels.values():
             channel.free()

@@ -34,7 +34,7 @@ from .. import _device
 from ..errors import DivergenceError
 from ..sbp import ReduceOp
 from . import context
-from .base import Communicator, Group, HostWrapper, Message, Shards, contiguous
+from .base import Communicator, Group, HostWrapper, Message, Pending, Shards, contiguous
 from .nccl_plan import (NCCL_DTYPES, NCCL_OPS, ReducePlan, Staging, all_to_all_plan,
                         exchange_plan, gather_plan, nccl_refusal, pad_plan, reduction_plan)
 from .watchdog import Call
@@ -164,6 +164,10 @@ class NCCLCommunicator(HostWrapper):
         self._share_id = share_id or (lambda group, make: _share_unique_id(host, group, make))
         self._single = single_rank_copies
         self._comms: dict = {}
+        self._side_stream = None  # the stream of nonblocking transfers, made on first use
+        # (event, buffers) of transfers on the side stream: the buffers stay referenced until
+        # the event has passed, whether or not anybody waits (CuPy's pool would reuse them)
+        self._in_flight: list = []
         _live.add(self)
         if not _atexit_registered:
             atexit.register(_destroy_all)
@@ -189,15 +193,29 @@ class NCCLCommunicator(HostWrapper):
             return self._stream()
         return self._array_module().cuda.get_current_stream().ptr
 
-    def _comm(self, group: Group):
-        """The NCCL communicator of ``group`` (its rank i is ``group[i]``); cached."""
-        comm = self._comms.get(group)
+    def _comm(self, group: Group, purpose: str = "collectives"):
+        """The NCCL communicator of ``group`` (its rank i is ``group[i]``) for ``purpose``;
+        cached. Nonblocking transfers get communicators of their own (``"transfers"``):
+        they run on the side stream, and NCCL orders the operations of one communicator
+        only within one stream."""
+        key = group if purpose == "collectives" else (purpose, group)
+        comm = self._comms.get(key)
         if comm is None:
             lib = self._lib()
             uid = self._share_id(group, lib.get_unique_id)
             comm = lib.NcclCommunicator(len(group), uid, group.index(self.rank))
-            self._comms[group] = comm
+            self._comms[key] = comm
         return comm
+
+    def _side(self):
+        """``(side stream, event type)`` of real CuPy, or None (the CPU fake: one stream)."""
+        xp = self._array_module()
+        cuda = getattr(xp, "cuda", None)
+        if cuda is None or not hasattr(cuda, "Event"):
+            return None
+        if self._side_stream is None:
+            self._side_stream = cuda.Stream(non_blocking=True)
+        return self._side_stream, cuda.Event
 
     def _dtype(self, dtype) -> int:
         return getattr(self._lib(), NCCL_DTYPES[np.dtype(dtype).name])
@@ -359,6 +377,54 @@ class NCCLCommunicator(HostWrapper):
                     if buf.nbytes:
                         comm.recv(_ptr(buf), buf.nbytes, lib.NCCL_UINT8, peer, stream)
         return received
+
+    def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
+        """:meth:`exchange` on a side stream: the transfers wait for the work already
+        enqueued on the current stream (an event), run beside later work, and ``wait()``
+        makes the current stream wait for them (an event again: the host never
+        synchronises). Send buffers stay referenced until then; the caller gives
+        snapshots it does not write to."""
+        xp = self._array_module()
+        received = {m: sends[m] for m in messages if m.src == m.dst == self.rank}
+        members, transfers = exchange_plan(messages, self.rank)
+        if self.rank not in members:
+            return Pending(received)
+        side = self._side()
+        if side is None:  # no streams to overlap on (the CPU fake): run in order
+            stream = self._stream_ptr()
+        else:
+            side_stream, event = side
+            ready = event(disable_timing=True)
+            ready.record(xp.cuda.get_current_stream())
+            side_stream.wait_event(ready)
+            stream = side_stream.ptr
+        comm, lib = self._comm(members, "transfers"), self._lib()
+        keep = []
+        with _grouped(lib):
+            for kind, m in transfers:
+                peer = members.index(m.dst if kind == "send" else m.src)
+                if kind == "send":
+                    data = _bytes(xp.asarray(sends[m]))
+                    keep.append(data)
+                    if data.size:
+                        comm.send(_ptr(data), data.size, lib.NCCL_UINT8, peer, stream)
+                else:
+                    buf = xp.empty(m.shape, dtype=m.dtype)
+                    received[m] = buf
+                    if buf.nbytes:
+                        comm.recv(_ptr(buf), buf.nbytes, lib.NCCL_UINT8, peer, stream)
+        if side is None:
+            return Pending(received)
+        done = event(disable_timing=True)
+        done.record(side_stream)
+        self._in_flight = [(e, b) for e, b in self._in_flight if not e.done]
+        self._in_flight.append((done, keep + list(received.values())))
+
+        def wait() -> dict:
+            xp.cuda.get_current_stream().wait_event(done)
+            return received
+
+        return Pending(wait=wait, test=lambda: bool(done.done))
 
     def all_gather_object(self, group, objs):
         return self._host.all_gather_object(group, objs)

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .base import Communicator, HostWrapper, Message
+from .base import Communicator, HostWrapper, Message, Pending
 
 __all__ = ["StagedCommunicator"]
 
@@ -63,6 +63,12 @@ class StagedCommunicator(HostWrapper):
 
     def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
         return self._up(self._host.exchange(messages, self._down(sends)))
+
+    def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
+        """The host communicator's nonblocking exchange of host copies; the result is copied
+        to the device when waited for."""
+        pending = self._host.exchange_start(messages, self._down(sends))
+        return Pending(wait=lambda: self._up(pending.wait()), test=pending.test)
 
     def all_gather_object(self, group, objs):
         return self._host.all_gather_object(group, objs)

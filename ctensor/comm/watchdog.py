@@ -64,6 +64,9 @@ YIELD_SECONDS = 1.0
 MAX_SLEEP_SECONDS = 1e-3
 #: the same at exit, waiting for ranks that are still busy (no hurry; leave the cores free)
 EXIT_SLEEP_SECONDS = 2e-2
+#: how long a wait still tests its requests after it learnt that a rank it waits for left
+#: (that rank may have finished its part of this very collective just before it left)
+LEFT_GRACE_SECONDS = 0.5
 #: default of ``CTENSOR_TIMEOUT``. One wait covers one collective from the moment this rank
 #: enters it: the transfer itself (a 1 GiB all-reduce takes ~20 s over 1 Gbit/s Ethernet,
 #: well under a second in shared memory) plus the other ranks' lateness (their first-time
@@ -241,8 +244,8 @@ class Watchdog:
         while now() - start < SPIN_SECONDS:
             if test():
                 return True
-        if waiting_for:  # a wait longer than the spin: has a rank it needs already left?
-            self._check_left(call, waiting_for)
+        if waiting_for and self._check_left(call, waiting_for, test):
+            return True  # a wait longer than the spin: had a rank it needs already left?
         yield_until = start + min(YIELD_SECONDS, timeout)
         while now() < yield_until:
             if test():
@@ -256,8 +259,8 @@ class Watchdog:
             if test():
                 return True
             self.serve_queries()
-            if waiting_for:
-                self._check_left(call, waiting_for)
+            if waiting_for and self._check_left(call, waiting_for, test):
+                return True
             if now() > deadline:
                 return test()
 
@@ -272,11 +275,21 @@ class Watchdog:
             self.world.Recv([buf, MPI.BYTE], source=source, tag=LEAVE_TAG)
             self.left[source] = _unpack(buf)[1]
 
-    def _check_left(self, call: Optional[Call], waiting_for: Sequence[int]) -> None:
+    def _check_left(self, call: Optional[Call], waiting_for: Sequence[int],
+                    test=lambda: False) -> bool:
+        """Raise :class:`RankExitedError` if one of ``waiting_for`` left, unless the wait
+        completes within :data:`LEFT_GRACE_SECONDS` (True then): a rank that finished this
+        very collective (or sent its part of a transfer) and left at once may have done so
+        before this rank's request completed."""
         self._take_notices()
         gone = [r for r in waiting_for if r in self.left]
         if not gone:
-            return
+            return False
+        end = time.perf_counter() + LEFT_GRACE_SECONDS
+        while time.perf_counter() < end:
+            if test():
+                return True
+            time.sleep(1e-4)
         where = call.describe() if call is not None else "a collective"
         lines = [f"rank {self.rank} waits in {where}, but rank{'s' if len(gone) > 1 else ''} "
                  f"{', '.join(map(str, gone))} left and will never join it:"]

@@ -144,20 +144,25 @@ def _backward(ctx, g):
         g2 = _unsqueeze(g2, g2.ndim - (1 if b.ndim >= 2 else 0))
     if b.ndim == 1:
         g2 = _unsqueeze(g2, g2.ndim)
-    # dA' = G @ B'^T; if A was transposed, dA = dA'^T = B' @ G^T
-    ga = matmul_t(g2, b2, False, not tb) if not ta else matmul_t(b2, g2, tb, True)
-    ga = sum_to(ga, a2.shape)
+    # dA' = G @ B'^T; if A was transposed, dA = dA'^T = B' @ G^T (only when A needs it: a
+    # linear layer's input batch does not, and that product is as large as the others)
+    ga = None
+    if ctx.needs_grad(0):
+        ga = matmul_t(g2, b2, False, not tb) if not ta else matmul_t(b2, g2, tb, True)
+        ga = sum_to(ga, a2.shape)
     # dB' = A'^T @ G; if B was transposed, dB = dB'^T = G^T @ A'
     if b2.ndim == 2 and a2.ndim > 2 and not ta:
         # a matrix applied to a batch (a linear layer): contract the batch dims inside one
         # product, (batch*m, k)^T @ (batch*m, n), instead of a batch of products then a sum
         a2 = OPS.reshape(a2, -1, a2.shape[-1])
         g2 = OPS.reshape(g2, -1, g2.shape[-1])
-    gb = matmul_t(a2, g2, not ta, False) if not tb else matmul_t(g2, a2, True, ta)
-    gb = sum_to(gb, b2.shape)
-    if a.ndim == 1:
+    gb = None
+    if ctx.needs_grad(1):
+        gb = matmul_t(a2, g2, not ta, False) if not tb else matmul_t(g2, a2, True, ta)
+        gb = sum_to(gb, b2.shape)
+    if a.ndim == 1 and ga is not None:
         ga = OPS.sum(ga, dim=0)
-    if b.ndim == 1:
+    if b.ndim == 1 and gb is not None:
         gb = OPS.sum(gb, dim=1)
     return ga, gb
 

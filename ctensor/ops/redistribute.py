@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import as_tensor
+from ..pending import start
 from ..dtypes import to_dtype
 from ..layout import Layout
 from ..placement import Placement
@@ -40,8 +41,9 @@ def _to_global_backward(ctx, g):
 
 @defop(kernel=lambda xp, x, placement, sbp: x, plan=_to_global_plan, meta=None,
        backward=_to_global_backward, saves=())
-def to_global(op, x, placement=None, sbp=None):
-    """Redistribute ``x`` to ``placement`` and ``sbp`` (see :meth:`Tensor.to_global`)."""
+def to_global(op, x, placement=None, sbp=None, async_op=False):
+    """Redistribute ``x`` to ``placement`` and ``sbp`` (see :meth:`Tensor.to_global`);
+    ``async_op=True`` starts the move and returns a :class:`~ctensor.PendingTensor`."""
     if not isinstance(x, Tensor):
         raise TypeError(f"to_global: expected a ct.Tensor, got {type(x).__name__}")
     if placement is None:
@@ -57,6 +59,11 @@ def to_global(op, x, placement=None, sbp=None):
                              f"{x.placement.ndim}")
         sbp = x.sbp
     sbp = normalize_sbp(sbp, placement.ndim, x.ndim, "to_global")
+    if not isinstance(async_op, bool):
+        raise TypeError(f"to_global: argument 'async_op' must be True or False, got "
+                        f"{async_op!r}")
+    if async_op:
+        return start(op, x, Layout(x.shape, x.dtype, placement, sbp))
     if placement == x.placement and sbp == x.sbp:
         return x
     return op(x, placement=placement, sbp=sbp)

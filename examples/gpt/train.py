@@ -10,7 +10,8 @@ The world is ``dp * tp * pp`` ranks. Pipeline stage ``s`` owns ranks
 ``[s*dp*tp, (s+1)*dp*tp)`` as a ``(dp, tp)`` mesh; the stage's blocks are laid out with
 ``nn.parallel`` rules (data parallel on mesh axis 0, Megatron tensor parallel on axis 1),
 activations move between stages with ``to_global`` and ``nn.pipeline`` runs the micro-batches
-(GPipe or 1F1B). Config names follow ``dxmxp_B_hxl``.
+(GPipe, 1F1B or interleaved 1F1B with ``--virtual-stages``; ``--timeline`` draws the last
+step's schedule). Config names follow ``dxmxp_B_hxl``.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import ctensor as ct  # noqa: E402
 import ctensor.nn as nn  # noqa: E402
 import ctensor.nn.functional as F  # noqa: E402
 import ctensor.optim as optim  # noqa: E402
-from ctensor.nn.pipeline import Stage, pipeline_step  # noqa: E402
+from ctensor.nn.pipeline import SCHEDULES, Stage, Timeline, pipeline_step  # noqa: E402
 from data import VOCAB_SIZE, Corpus  # noqa: E402
 
 
@@ -65,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
     p.add_argument("--micro-batches", type=_at_least(1), default=1)
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    add_pipeline_options(p)
     p.add_argument("--layers", type=_at_least(1), default=2)
     p.add_argument("--hidden", type=_at_least(1), default=64)
     p.add_argument("--heads", type=_at_least(1), default=4)
@@ -140,16 +141,19 @@ def build(a):
                          f"but the world has {ct.world_size()}")
     if a.layers < a.pp:
         raise SystemExit(f"train.py: --layers {a.layers} < --pp {a.pp}: every stage needs a block")
+    check_pipeline_options(a)
     dtype = np.dtype(a.dtype)
     ct.manual_seed(a.seed)
     gpt = nn.GPT(VOCAB_SIZE, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
                  tie_weights=False, dtype=dtype)  # untied: the head may sit on another stage
-    bounds = np.linspace(0, a.layers, a.pp + 1).round().astype(int)
+    n_stages = a.pp * a.virtual_stages  # virtual stage s runs on device s % pp
+    bounds = np.linspace(0, a.layers, n_stages + 1).round().astype(int)
     stages = []
-    for s in range(a.pp):
-        ranks = np.arange(s * a.dp * a.tp, (s + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
+    for s in range(n_stages):
+        d = s % a.pp
+        ranks = np.arange(d * a.dp * a.tp, (d + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
         mesh = ct.placement(a.device, ranks.tolist())
-        module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == a.pp - 1)
+        module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == n_stages - 1)
         rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
         for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
             if name in rules:
@@ -218,7 +222,10 @@ def main(a) -> list:
               for m in range(a.micro_batches)]
         ys = [ct.tensor(yb[m * micro:(m + 1) * micro], placement=last, sbp=batch_sbp)
               for m in range(a.micro_batches)]
-        loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule) / memory.loss_scale()
+        timeline = step_timeline(a, step)
+        loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule,
+                             num_model_chunks=a.virtual_stages,
+                             timeline=timeline) / memory.loss_scale()
         memory.step(optimizer, params, a.clip)  # clip, then step (skipped on fp16 overflow)
         optimizer.zero_grad()
         scheduler.step()
@@ -238,10 +245,12 @@ def main(a) -> list:
     peak_mib = peak_memory_per_rank()
     memory.gather()  # collective: every rank's ct.debug.memory() figures
     if log_file:
-        log_file.write(json.dumps({"summary": True, "steps": len(history),
-                                   "tokens_per_s": len(history) * a.global_batch * a.seq_len
-                                   / max(elapsed, 1e-9), "peak_mib_per_rank": peak_mib,
-                                   **memory.summary()}) + "\n")
+        summary = {"summary": True, "steps": len(history),
+                   "tokens_per_s": len(history) * a.global_batch * a.seq_len
+                   / max(elapsed, 1e-9), "peak_mib_per_rank": peak_mib, **memory.summary()}
+        if getattr(a, "recorded_timeline", None) is not None:
+            summary["timeline"] = a.recorded_timeline.as_dict()
+        log_file.write(json.dumps(summary) + "\n")
         log_file.close()
     if a.save:
         state = {"model": {}, "optim": optimizer.state_dict(), "step": a.steps,
@@ -255,6 +264,7 @@ def main(a) -> list:
         print(f"done {config_name(a)}: {steps_run} steps, loss {history[0]:.4f} -> "
               f"{history[-1]:.4f}, {steps_run * a.global_batch * a.seq_len / elapsed:,.0f} "
               f"tokens/s, peak memory per rank {peak_mib} MiB")
+    write_timeline(a, rank0)
     if a.plot and rank0 and history:
         try:
             import matplotlib
@@ -271,6 +281,59 @@ def main(a) -> list:
             fig.tight_layout()
             fig.savefig(a.plot, dpi=100)
     return history
+
+
+# ----------------------------------------------------------------------------- pipeline options
+# --schedule, --virtual-stages and --timeline: the pipeline schedule and the picture of it.
+
+
+def add_pipeline_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b",
+                   help="pipeline schedule: gpipe, 1f1b, or interleaved 1F1B (Megatron-LM)")
+    p.add_argument("--virtual-stages", type=_at_least(1), default=1,
+                   help="model chunks per pipeline device for --schedule interleaved (the "
+                        "layers are split into pp x virtual-stages stages)")
+    p.add_argument("--timeline", help="write a picture of the last step's pipeline schedule "
+                                      "(one row per rank: forward, backward, idle) to this "
+                                      "file: .svg needs nothing, .png needs matplotlib")
+
+
+def check_pipeline_options(a) -> None:
+    """Usage errors of the pipeline options, before any collective."""
+    v = a.virtual_stages
+    if v > 1 and a.schedule != "interleaved":
+        raise SystemExit(f"train.py: --virtual-stages {v} needs --schedule interleaved "
+                         f"(got --schedule {a.schedule})")
+    if a.layers % (a.pp * v) and v > 1:
+        raise SystemExit(f"train.py: --virtual-stages {v} does not divide the layers: --layers "
+                         f"{a.layers} must be a multiple of --pp x --virtual-stages = "
+                         f"{a.pp * v}")
+    if a.schedule == "interleaved" and v > 1 and a.micro_batches < a.pp:
+        raise SystemExit(f"train.py: --schedule interleaved needs --micro-batches >= --pp "
+                         f"(got {a.micro_batches} < {a.pp})")
+
+
+def step_timeline(a, step: int):
+    """A Timeline to record ``step`` into (kept as ``a.recorded_timeline``): the last step,
+    when --timeline is given."""
+    if not a.timeline or step != a.steps - 1:
+        return None
+    a.recorded_timeline = Timeline()
+    return a.recorded_timeline
+
+
+def write_timeline(a, rank0: bool) -> None:
+    recorded = getattr(a, "recorded_timeline", None)
+    if not (a.timeline and rank0 and recorded is not None):
+        return
+    print(recorded.summary())
+    try:
+        recorded.save(a.timeline, title=f"GPT {config_name(a)}: {recorded.describe()}")
+    except ImportError:
+        print(f"train.py: --timeline {a.timeline} needs matplotlib (pip install -e "
+              f"'.[examples]'); a .svg path needs nothing")
+    else:
+        print(f"pipeline timeline written to {a.timeline}")
 
 
 def peak_memory_per_rank() -> list:
