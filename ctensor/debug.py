@@ -531,14 +531,19 @@ def memory(rank: Optional[int] = None) -> MemoryStats:
         raise RuntimeError("memory: memory tracking is off; turn it on first with "
                            "ct.debug.track_memory() (a call, or a with block around the "
                            "code to measure)")
-    held = world().held_ranks
+    held, meta = world().held_ranks, world().meta
     if rank is not None:
         if rank not in held:
             raise ValueError(f"memory: argument 'rank' is {rank!r}, but this process holds "
                              f"ranks {list(held)}")
-        return MemoryStats(rank, *_memory.snapshot(rank))
+        return MemoryStats(rank, *_memory.snapshot(rank, meta))
     if len(held) == 1:
-        return MemoryStats(held[0], *_memory.snapshot(held[0]))
+        return MemoryStats(held[0], *_memory.snapshot(held[0], meta))
+    if meta:  # a shape-only run: the figures are vectors over ranks
+        f = _memory.meta_peaks()
+        top = lambda a: int(a.max()) if a.size else 0  # noqa: E731
+        return MemoryStats("max", {k: top(f["current_" + k]) for k in _memory.KINDS},
+                           {k: top(f[k]) for k in _memory.KINDS}, top(f["total"]))
     snaps = [_memory.snapshot(r) for r in held]
     current = {k: max(s[0][k] for s in snaps) for k in _memory.KINDS}
     peak = {k: max(s[1][k] for s in snaps) for k in _memory.KINDS}

@@ -206,9 +206,10 @@ def reset_peak() -> None:
         _peak_total[rank] = _total.get(rank, 0)
 
 
-def snapshot(rank: int) -> tuple:
-    """``(current by kind, peak by kind, peak total)`` of ``rank`` (zeros if unseen)."""
-    if _meta.size:
+def snapshot(rank: int, meta: bool = False) -> tuple:
+    """``(current by kind, peak by kind, peak total)`` of ``rank`` (zeros if unseen);
+    ``meta``: the figures of shape-only buffers."""
+    if meta:
         return _meta.snapshot(rank)
     zeros = dict.fromkeys(KINDS, 0)
     return (dict(_current.get(rank, zeros)), dict(_peak.get(rank, zeros)),

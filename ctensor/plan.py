@@ -329,6 +329,8 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
     bubble = max(0.0, 1.0 - busy / pipeline) if pipeline else 0.0
 
     # memory per rank, then classes of identical ranks
+    memory = {k: np.pad(np.asarray(v, np.int64)[:world_size],
+                        (0, max(0, world_size - np.size(v)))) for k, v in memory.items()}
     in_flight_rank = np.asarray(in_flight, dtype=np.int64)[np.maximum(stage_of, 0)]
     act = memory["saved"] * np.maximum(in_flight_rank - 1, 0) + memory["transient"]
     static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
