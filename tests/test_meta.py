@@ -117,7 +117,8 @@ def _plan(args):
 
 
 def test_plan_schedule_recompute_and_nodes():
-    base = ["--quick", "--global-batch", "32", "--micro-batches", "8"]
+    base = ("--dp 2 --tp 2 --pp 2 --layers 4 --hidden 256 --heads 8 --seq-len 128 "
+            "--vocab 1024 --global-batch 32 --micro-batches 8").split()
     one, gpipe = _plan(base), _plan(base + ["--schedule", "gpipe"])
     full = _plan(base + ["--recompute"])
     act = lambda r: max(c["activations"] for c in r.classes)  # noqa: E731

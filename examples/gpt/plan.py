@@ -4,7 +4,7 @@ predicted step time — from a shape-only run of the same model on this machine.
     python examples/gpt/plan.py --dp 6 --tp 8 --pp 64 --layers 128 --hidden 25600 \\
         --heads 160 --seq-len 2048 --global-batch 3072 --micro-batches 512 \\
         --recompute --precision fp16 --device a100-80gb          # the 1T GPT on 3072 A100s
-    python examples/gpt/plan.py --quick                          # a small one, in a second
+    python examples/gpt/plan.py --quick         # a small one, in a second (overrides sizes)
 
 The script builds the model exactly as ``train.py`` lays it out (pipeline stage ``s`` owns
 ranks ``[s*dp*tp, (s+1)*dp*tp)`` as a ``(dp, tp)`` mesh, Megatron tensor parallel on mesh
@@ -74,8 +74,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "memory bandwidth instead of taking them as fused into the matmuls")
     p.add_argument("--quick", action="store_true", help="a small configuration (CI)")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--quick" in argv:
-        argv = QUICK + argv
+    if "--quick" in argv:  # (last wins: --quick makes any command small)
+        argv = argv + QUICK
     a = p.parse_args(argv)
     if a.device_file:
         ct.plan.load_devices(a.device_file)
