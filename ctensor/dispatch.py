@@ -671,6 +671,17 @@ def _conform(opdef: OpDef, arr, xp, rank: int, layout: Layout, expected: tuple):
     return arr
 
 
+_CAST = "to"
+
+
+def _casts_leaf(node) -> bool:
+    """Whether ``node`` is a dtype cast of a parameter (mixed precision's half copy of a
+    float32 master): such a copy stays where its parameter was laid out, as the parameter
+    itself would (``pinned``)."""
+    src = node.inputs[0]
+    return src is not None and src._node is None
+
+
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
@@ -679,12 +690,14 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         t = tensors[0]
         layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
-            grads, pinned = 1, int(t._node is None)
+            node = t._node
+            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
     else:
         layouts = tuple([t._layout for t in tensors])
         for i, t in enumerate(tensors):
             if t.requires_grad:
-                pinned |= (t._node is None) << i
+                node = t._node
+                pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << i
                 grads |= 1 << i
         # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
         if len(tensors) == 2:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import boxing, memory
+from . import boxing, debug, memory
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
@@ -151,12 +151,15 @@ class _Bucket:
     def _start_meta(self) -> None:
         """Shape-only: record the bucket's one reduction; its members' reduced gradients
         are views of one flat buffer, as in a real run."""
-        from . import shapeonly  # (imports tensor, which imports this module via autograd)
         fed = sum(rank_bytes(g._layout) for _, g, _, _ in self.members)
         result = sum(rank_bytes(t) for _, _, t, _ in self.members)
-        self.pending = shapeonly.reduce_flat(self.placement, self.axes,
-                                             self.scatter is not None, self.dtype, fed,
-                                             result)
+        first = int(fed if isinstance(fed, int) else np.asarray(fed).reshape(-1)[0])
+        record = boxing._Flat(self.placement, self.axes, self.scatter is not None,
+                              self.dtype, first // self.dtype.itemsize)
+        if any(self.placement.shape[a] > 1 for a in self.axes):
+            total = fed * self.placement.size if isinstance(fed, int) else int(np.sum(fed))
+            debug.record(record, total)  # what the real reduction logs
+        self.pending = MetaBuffer(self.placement, result)
         self._release()
 
     def finish(self) -> list:

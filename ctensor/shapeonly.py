@@ -1,4 +1,4 @@
-"""The shape-only executor: boxing plans and gradient-bucket reductions run on
+"""The shape-only executor: kernels and boxing plans run on
 :class:`~ctensor.meta.MetaBuffer` shards, recording every step and moving nothing.
 
 Each step of a boxing plan is reported exactly as the real executor reports it (to
@@ -10,8 +10,6 @@ the buffer it views, as a NumPy view keeps its base.
 """
 from __future__ import annotations
 
-from typing import Union
-
 import numpy as np
 
 from . import boxing, debug
@@ -20,7 +18,7 @@ from .layout import Layout
 from .meta import MetaBuffer, rank_bytes, total_bytes
 from .tensor import Tensor
 
-__all__ = ["box", "reduce_flat", "run", "copy"]
+__all__ = ["box", "run"]
 
 
 def _fed(step) -> int:
@@ -52,21 +50,6 @@ def box(buffer: MetaBuffer, src: Layout, dst: Layout) -> MetaBuffer:
     return buffer
 
 
-def reduce_flat(placement, axes: tuple, scatter: bool, dtype,
-                fed: Union[int, np.ndarray], result: Union[int, np.ndarray]) -> MetaBuffer:
-    """A gradient bucket's one reduction over mesh ``axes`` (``scatter``: a
-    reduce-scatter): recorded as the real :func:`ctensor.boxing.reduce_flat` records it;
-    ``fed``/``result``: each rank's bytes of the flat buffer before and after (an int, or
-    an array over the mesh). Returns the buffer of the reduced flat."""
-    dtype = np.dtype(dtype)
-    first = int(fed if isinstance(fed, int) else np.asarray(fed).reshape(-1)[0])
-    record = boxing._Flat(placement, axes, scatter, dtype, first // dtype.itemsize)
-    if any(placement.shape[a] > 1 for a in axes):
-        total = fed * placement.size if isinstance(fed, int) else int(np.sum(fed))
-        debug.record(record, total)
-    return MetaBuffer(placement, result)
-
-
 def run(opdef, boxed, targets: tuple, out_layouts: tuple, attrs: dict, key) -> list:
     """The outputs of one op on shape-only inputs (what dispatch calls instead of the
     kernel loop): a view op's outputs share its input's buffer (a view costs no memory),
@@ -80,7 +63,3 @@ def run(opdef, boxed, targets: tuple, out_layouts: tuple, attrs: dict, key) -> l
                 for l in out_layouts]
     return [Tensor(l, MetaBuffer.of(l)) for l in out_layouts]
 
-
-def copy(buffer: MetaBuffer) -> MetaBuffer:
-    """A new buffer of ``buffer``'s size (what ``arr.copy()`` is to a shard)."""
-    return MetaBuffer(buffer.placement, buffer.nbytes)

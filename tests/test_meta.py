@@ -13,10 +13,8 @@ import pytest
 
 import ctensor as ct
 import ctensor.nn as nn
-import ctensor.nn.functional as F
 import ctensor.optim as optim
 from ctensor import runtime
-from ctensor.memory import meta_peaks
 
 pytestmark = pytest.mark.skipif(runtime.launched_by_mpi(),
                                 reason="shape-only worlds are simulations")
