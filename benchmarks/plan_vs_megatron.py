@@ -1,6 +1,6 @@
 """Predicted against published: Megatron-LM's GPT runs on A100-80GB planned shape-only.
 
-    python benchmarks/plan_vs_megatron.py            # every row (a few minutes)
+    python benchmarks/plan_vs_megatron.py            # every row, then the seed's configs
     python benchmarks/plan_vs_megatron.py --quick    # the first row only (CI)
 
 Each row is planned by ``examples/gpt/plan.py`` (the GPT example laid out ``dp x tp x pp``,
@@ -46,6 +46,12 @@ KORTHIKANTI = [("22B", 64, 6144, 48, 8, 1, 8, 4, 1, 41.5),
                ("530B", 128, 20480, 105, 8, 35, 280, 280, 280, 56.0),
                ("1T", 160, 25600, 128, 8, 64, 512, 512, 512, 56.3)]
 SEQ, VOCAB = 2048, 51200
+# the seed's comparison configurations ``dxmxp_B_hxl`` on 4 nodes x 8 V100 16GB: LiBai's
+# GPT-2 benchmark family (hidden 1024, 16 heads, sequence 1024, GPT-2's vocabulary 50257,
+# 24 layers, 48 when the pipeline has 4 or more stages; 16 sequences per GPU and
+# micro-batch; fp16), with and without full recompute
+SEED = ["32x1x1_512_1024x24", "8x4x1_512_1024x24", "4x8x1_512_1024x24",
+        "4x1x8_512_1024x48", "2x8x2_512_1024x24", "1x8x4_512_1024x48"]
 
 
 def args_for(heads, hidden, layers, tp, pp, gpus, batch, micro_batches, extra) -> list:
@@ -69,6 +75,30 @@ def rows(quick: bool) -> list:
                                      ["--recompute", "selective", "--sequence-parallel"]))
         out.append((f"{name} (2022)", a, "MFU %", mfu, gpus, batch, l, h))
     return out
+
+
+def seed_configs() -> None:
+    """Plan the seed's ``dxmxp_B_hxl`` configurations on V100 16GB and say which fit."""
+    print("\nthe seed's configurations on 4 nodes x 8 v100-16gb (LiBai's GPT-2 family, "
+          "16 sequences per GPU per micro-batch, fp16)")
+    print(f"{'config':<22} {'recompute':>9} {'peak GiB':>9}  fits  {'step s':>7}  "
+          f"{'samples/s':>9}")
+    for name in SEED:
+        mesh, batch, shape = name.split("_")
+        dp, tp, pp = (int(v) for v in mesh.split("x"))
+        hidden, layers = (int(v) for v in shape.split("x"))
+        batch = int(batch)
+        for recompute in ([], ["--recompute", "full"]):
+            args = plan.parse_args([str(x) for x in (
+                "--dp", dp, "--tp", tp, "--pp", pp, "--layers", layers, "--hidden", hidden,
+                "--heads", 16, "--seq-len", 1024, "--vocab", 50257, "--global-batch", batch,
+                "--micro-batches", batch // (16 * dp), "--precision", "fp16", "--device",
+                "v100-16gb", "--gpus-per-node", 8)] + recompute)
+            report = plan.plan(args)
+            print(f"{name:<22} {'full' if recompute else 'none':>9} "
+                  f"{report.worst['total'] / 2 ** 30:>9.1f}  "
+                  f"{'yes' if report.fits else 'NO ':<4}  {report.step_seconds:>7.3f}  "
+                  f"{batch / report.step_seconds:>9.1f}", flush=True)
 
 
 def main(argv=None) -> list:
@@ -96,6 +126,8 @@ def main(argv=None) -> list:
               f"{'yes' if report.fits else 'NO ':<4}  {time.perf_counter() - t0:.1f} s",
               flush=True)
         results.append((name, cfg, metric, predicted, published, ratio, report.fits))
+    if not a.quick:
+        seed_configs()
     return results
 
 

@@ -164,8 +164,9 @@ describe_step = context.describe_step
 def record(step, nbytes: int) -> None:
     """Called by boxing for every step it runs (and by the shape-only executor for every
     step it would run)."""
-    if _trace.active:
-        _trace.comm(step, context.op_stack[-1], nbytes)
+    if _trace.active:  # (a gradient's reduction is named so, whatever op boxes it)
+        stack = context.op_stack
+        _trace.comm(step, "grad_sync" if "grad_sync" in stack else stack[-1], nbytes)
     if not _logs:
         return
     event = CommEvent(context.op_stack[-1], step.before.sbp, step.after.sbp, step.collective,

@@ -203,7 +203,11 @@ class Synchronizer:
         target = getattr(leaf, "_grad_layout", None) or leaf._layout
         plan = _reduction(g._layout, target) if _bucket_bytes > 0 else None
         if plan is None:
-            self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+            context.op_stack.append("grad_sync")  # (a plan counts it once per step)
+            try:
+                self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+            finally:
+                context.op_stack.pop()
             return
         axes, scatter = plan
         scatter_axis = scatter[0] if scatter else None

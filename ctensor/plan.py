@@ -8,13 +8,15 @@ recorded — the kernels and communication steps of :func:`record`'s traces and 
   memory_bandwidth) / EFFICIENCY`` (``peak``: the device's half-precision peak for float16
   kernels, its float32 peak otherwise). :data:`EFFICIENCY` is one constant for every op,
   model and device. By default (``fused=True``) kernels that declare no FLOPs
-  (elementwise, softmax, LayerNorm, casts: memory-bound) are taken as fused into their
-  neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing;
-  ``fused=False`` charges them at memory bandwidth;
+  (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their neighbours,
+  as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing — except the
+  softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth; ``fused=False``
+  charges every memory-bound kernel;
 * **communication**: an alpha-beta model per collective: ``latency + sent / bandwidth``
   (ring algorithms: an all-reduce sends ``2 (k-1)/k`` of its buffer, the others ``(k-1)/k``,
   a transfer its bytes), with the device's NVLink bandwidth when the whole group sits on
-  one node (``gpus_per_node`` consecutive ranks) and its network bandwidth otherwise;
+  one node (``gpus_per_node`` consecutive ranks) and otherwise its per-GPU network
+  bandwidth times the group's ranks per node (NCCL runs one ring per NIC), at most NVLink's;
 * **pipeline**: one micro-batch is traced; the schedule (the event order of
   ``nn.pipeline.schedule``) is replayed with each stage's forward and backward times, so
   the bubble is what the schedule leaves idle; the gradient reduction (``grad_sync``) and
@@ -41,7 +43,7 @@ import numpy as np
 from .placement import Placement
 from .trace import CommWork, Trace
 
-__all__ = ["EFFICIENCY", "Device", "devices", "device", "load_devices", "record",
+__all__ = ["EFFICIENCY", "OWN_KERNELS", "Device", "devices", "device", "load_devices", "record",
            "op_seconds", "comm_seconds", "is_intra_node", "replay", "StepReport",
            "step_report"]
 
@@ -50,6 +52,12 @@ __all__ = ["EFFICIENCY", "Device", "devices", "device", "load_devices", "record"
 #: ~0.45 of large GEMMs' peak a training step of Megatron-LM sustains end to end and the
 #: ~0.8 cuBLAS reaches on one large GEMM, and not tuned per configuration
 EFFICIENCY = 0.6
+
+#: memory-bound kernels that run on their own even when the rest fuse: a softmax reduces
+#: along rows of a matmul's output (attention's ``s x s`` scores, the loss's logits), so it
+#: cannot fuse into that matmul; Megatron-LM runs it as one fused scale-mask-softmax kernel
+#: (and one for its gradient), reading and writing the scores once each
+OWN_KERNELS = ("softmax",)
 
 _DEVICE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devices.toml")
 
@@ -119,10 +127,11 @@ def record() -> Trace:
 def op_seconds(trace: Trace, dev: Device, efficiency: float = EFFICIENCY,
                fused: bool = True) -> dict:
     """``{placement: seconds}`` of the kernels in ``trace`` (each on its largest shard);
-    ``fused``: kernels without declared FLOPs (memory-bound) cost nothing."""
+    ``fused``: kernels without declared FLOPs (memory-bound) cost nothing, except the
+    softmax family (see :data:`OWN_KERNELS`)."""
     out: dict = {}
     for w in trace.ops.values():
-        if fused and not w.flops:
+        if fused and not w.flops and not w.op.startswith(OWN_KERNELS):
             continue
         peak = dev.peak_flops if w.dtype.itemsize <= 2 else dev.peak_flops_fp32
         seconds = max(w.flops / peak, w.nbytes / dev.memory_bandwidth) / efficiency
@@ -142,14 +151,27 @@ def is_intra_node(comm: CommWork, gpus_per_node: int) -> bool:
     return bool((nodes == nodes[:, :1]).all()) if nodes.size else True
 
 
+def _ranks_per_node(comm: CommWork, gpus_per_node: int) -> int:
+    """How many ranks of one group share a node (the fewest over the group's nodes)."""
+    groups = comm.groups()
+    if not groups.size:
+        return 1
+    nodes = groups[0] // gpus_per_node
+    return int(np.unique(nodes, return_counts=True)[1].min())
+
+
 def comm_seconds(comm: CommWork, dev: Device, gpus_per_node: int) -> float:
     """Seconds of one run of ``comm`` (alpha-beta, see the module docstring)."""
     k = comm.group_size
     if k <= 1:
         return 0.0
     intra = is_intra_node(comm, gpus_per_node)
-    bandwidth = dev.intra_bandwidth if intra else dev.inter_bandwidth
-    latency = dev.intra_latency if intra else dev.inter_latency
+    if intra:
+        bandwidth, latency = dev.intra_bandwidth, dev.intra_latency
+    else:  # the group's m ranks on a node cross the network over m NICs (NCCL's rings)
+        bandwidth = min(dev.intra_bandwidth,
+                        dev.inter_bandwidth * _ranks_per_node(comm, gpus_per_node))
+        latency = dev.inter_latency
     steps = 1 if comm.collective == "send_recv" else (k - 1) * \
         (2 if comm.collective == "all_reduce" else 1)
     return steps * latency + _SENT.get(comm.collective, _SENT["all_to_all"])(k) * \

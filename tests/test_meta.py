@@ -54,7 +54,7 @@ def test_meta_run_makes_the_real_runs_choices(recompute):
     assert meta[0] == real[0]  # every collective: op, kind, bytes, mesh axis, shape, SBPs
     assert meta[1] == real[1] and meta[2] == real[2] and meta[3] == real[3]
     for r in range(4):
-        assert abs(meta[4][r] - real[4][r]) <= 0.03 * real[4][r], (r, meta[4], real[4])
+        assert abs(meta[4][r] - real[4][r]) <= 0.05 * real[4][r], (r, meta[4], real[4])
         for kind in ("parameters", "gradients", "optimizer"):
             assert meta[5][r][kind] == real[5][r][kind]
 

@@ -115,6 +115,7 @@ def build(a) -> list:
         ranks = np.arange(s * a.dp * a.tp, (s + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
         mesh = ct.placement("cuda", ranks.tolist())
         module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == a.pp - 1)
+        module.recompute_embeddings = a.recompute == "full"
         rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
         for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
             if name in rules:
