@@ -262,6 +262,27 @@ class KernelContext:
         return self.out_layouts[i].region(self.rank)
 
 
+class LayoutOnly:
+    """What a backward context keeps of a tensor whose values its backward never reads
+    (the op's ``saves`` leaves it out): the layout, so ``shape``, ``dtype``, ``sbp`` and
+    ``placement`` still answer. Using it as an operand is an error of the op's
+    declaration (its ``saves`` is wrong)."""
+
+    __slots__ = ("_layout", "requires_grad")
+
+    def __init__(self, t: Tensor):
+        self._layout, self.requires_grad = t._layout, t.requires_grad
+
+    shape = property(lambda self: self._layout.shape)
+    dtype = property(lambda self: self._layout.dtype)
+    sbp = property(lambda self: self._layout.sbp)
+    placement = property(lambda self: self._layout.placement)
+    ndim = property(lambda self: len(self._layout.shape))
+
+    def __repr__(self) -> str:
+        return f"LayoutOnly({self._layout!r})"
+
+
 @dataclass
 class BackwardContext:
     """Handed to an op's backward: the inputs as the kernel saw them (boxed), the
@@ -773,16 +794,28 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     if grads:
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
+        # only what the backward reads the values of (``saves``) is kept; the rest is
+        # replaced by its layout, so an op's intermediate inputs and outputs are freed as
+        # soon as no later op needs them (an add keeps neither operand alive)
+        saves = opdef.saves
+        if callable(saves):  # what is read depends on which inputs need a gradient
+            saves = saves(grads)
         saved_out = tuple([o.detach() for o in outputs])
-        ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts,
+        kept_in = tuple(boxed)
+        if saves is not None:
+            kept_in = tuple([t if i in saves else LayoutOnly(t) for i, t in enumerate(boxed)])
+            kept_out = saved_out if "outputs" in saves else \
+                tuple([LayoutOnly(o) for o in outputs])
+        else:
+            kept_out = saved_out
+        ctx = BackwardContext(kept_in, kept_out, attrs, opdef, layouts,
                               tuple(bool(grads >> i & 1) for i in range(len(tensors))))
         hooks = autograd.saved_hooks()
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
-            ctx.inputs = tuple(pack(t) for t in ctx.inputs)
-            ctx.outputs = tuple(pack(t) for t in ctx.outputs)
+            ctx.inputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.inputs)
+            ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private)
-        saves = opdef.saves
         watched = [(t._version, t._version.value) for i, t in enumerate(boxed)
                    if saves is None or i in saves]
         if saves is None or "outputs" in saves:
@@ -797,8 +830,11 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                                        f"after it was used; compute on a copy (x.clone()) or "
                                        f"do the in-place update after backward()")
             if hooks is not None:
-                ctx = BackwardContext(tuple(hooks[1](t) for t in ctx.inputs),
-                                      tuple(hooks[1](t) for t in ctx.outputs), ctx.attrs,
+                unpack = hooks[1]
+                ctx = BackwardContext(
+                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.inputs),
+                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.outputs),
+                    ctx.attrs,
                                       ctx.op, ctx.in_layouts, ctx.needs_input_grad)
             if single:
                 return backward(ctx, grads[0])
