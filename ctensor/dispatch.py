@@ -213,8 +213,10 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     marks a kernel that only re-views its input (reshape, permute); ``per_axis=True``
     passes ``mesh_axis=`` to ``signatures`` (rules that depend on the other axes' splits,
     such as reshape's alignment); ``saves`` names what the backward reads the values of
-    (input indices and/or ``"outputs"``; default: everything), so that an in-place write
-    to anything else after the op is allowed. ``name`` defaults to
+    (input indices and/or ``"outputs"``; default: everything; or a function of the
+    bitmask of inputs needing a gradient and the input layouts that returns them), so that
+    an in-place write to anything else after the op is allowed and the backward context
+    keeps nothing else alive (the rest is kept as a :class:`LayoutOnly`). ``name`` defaults to
     the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
     ``keyword_error(opname, keyword, front)`` makes the exception an unknown keyword
@@ -799,7 +801,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # soon as no later op needs them (an add keeps neither operand alive)
         saves = opdef.saves
         if callable(saves):  # what is read depends on which inputs need a gradient
-            saves = saves(grads)
+            saves = saves(grads, layouts)
         saved_out = tuple([o.detach() for o in outputs])
         kept_in = tuple(boxed)
         if saves is not None:

@@ -138,7 +138,8 @@ sub = _binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P
 # d(a b)/da reads b and d(a b)/db reads a: keep only what a needed gradient reads (a
 # dropout's or a scale's constant factor needs none, so the product's other operand is freed)
 mul = _binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw, partial=[(P, B), (B, P)],
-              saves=lambda grads: ((1,) if grads & 1 else ()) + ((0,) if grads & 2 else ()))
+              saves=lambda grads, layouts: ((1,) if grads & 1 else ()) +
+              ((0,) if grads & 2 else ()))
 div = _binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P, B)],
               kind="float")
 pow = _binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001
