@@ -6,7 +6,9 @@ Simulation only: a shape-only world is a simulation (under mpiexec these tests s
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -65,9 +67,22 @@ def test_meta_run_makes_the_real_runs_choices(recompute):
     assert meta[0] == real[0]  # every collective: op, kind, bytes, mesh axis, shape, SBPs
     assert meta[1] == real[1] and meta[2] == real[2] and meta[3] == real[3]
     for r in range(4):
-        assert abs(meta[4][r] - real[4][r]) <= 0.05 * real[4][r], (r, meta[4], real[4])
         for kind in ("parameters", "gradients", "optimizer"):
             assert meta[5][r][kind] == real[5][r][kind]
+
+
+def test_meta_memory_matches_the_real_runs_shard_bytes():
+    # in a fresh process: a long-lived one's accounting of real shards can be a few per
+    # cent off (buffers are told apart by address, and addresses are reused)
+    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_meta as t; "
+            "print(json.dumps([[t._step(m, r)[4] for m in (False, True)] "
+            "for r in (False, True)]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for real, meta in json.loads(proc.stdout.splitlines()[-1]):
+        for r in range(4):  # peak bytes of shards per rank, activations included
+            assert abs(meta[r] - real[r]) <= 0.03 * real[r], (r, meta, real)
 
 
 def test_meta_tensor_is_its_layout():
