@@ -115,8 +115,11 @@ class _Recast:
     def get(self):
         half = self.cache() if self.cache is not None else None
         if half is None:
-            with ct.no_grad():
-                half = self.param.detach().to(self.dtype)
+            # a differentiable cast of the parameter, as in the forward, so that the ops of
+            # the backward keep it where the parameter was laid out (a cast of a parameter
+            # is pinned like it); nothing differentiates through it
+            with ct.enable_grad():
+                half = self.param.to(self.dtype)
             self.cache = weakref.ref(half)
         return half
 
