@@ -70,7 +70,7 @@ def _binary(name: str, kernel: Callable, backward, partial=(), kind: str = "same
     front.__name__ = name
     front.__doc__ = doc or f"Elementwise ``{name}`` with broadcasting (``ct.{name}(a, b)``)."
     return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
-                 method=method, saves=saves)(front)
+                 method=method, saves=saves, forwards=True)(front)
 
 
 def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: str = "same",
@@ -87,7 +87,7 @@ def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: s
     front.__name__ = name
     front.__doc__ = doc or f"Elementwise ``{name}`` (``x.{name}()`` or ``ct.{name}(x)``)."
     return defop(name, kernel=kernel, meta=meta, signatures=signatures, backward=backward,
-                 method=method, saves=saves)(front)
+                 method=method, saves=saves, forwards=True)(front)
 
 
 # ----------------------------------------------------------------------------- arithmetic

@@ -176,7 +176,7 @@ def _flops(in_shapes, out_shapes, transpose_a: bool = False, transpose_b: bool =
 
 # ----------------------------------------------------------------------------- public
 @defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, flops=_flops,
-       method=True)
+       method=True, forwards=True)
 def matmul(op, a, b):
     """Matrix product with NumPy/PyTorch semantics (``a @ b``): 1-D operands are vectors,
     leading (batch) dims broadcast.
