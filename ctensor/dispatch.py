@@ -139,6 +139,8 @@ class OpDef:
         self.grads: dict[str, OpDef] = {}
 
     def __call__(self, *inputs, **attrs):
+        if len(inputs) == 1 and type(inputs[0]) in TENSOR_TYPES:
+            return apply(self, inputs, attrs)
         return apply(self, as_tensor(inputs, self.name), attrs)
 
     def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
