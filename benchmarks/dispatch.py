@@ -3,12 +3,17 @@
 Times ``a + b``, ``a @ b`` and ``a.sum(0)`` on 8x8 float32 tensors laid out (B, B) and
 (S0, B), with and without ``requires_grad``, against the same NumPy call on the local
 arrays, and prints the added microseconds per op (targets: <= 5 us on a signature-cache hit
-without grad, <= 10 us with grad). Then a 2-layer tensor-parallel MLP step (h=256, 2048
-tokens) against the same model on one process. ``--quick``: fewer calls, a smaller MLP.
+without grad, <= 10 us with grad). When ``torch`` is importable (an optional peer, never a
+dependency) the same calls run on PyTorch DTensor (gloo, the same mesh) against the same
+torch call on the local tensors, in the same run and interleaved with ctensor's, and the
+last column is ctensor's added time over DTensor's (target for the 8x8 add: <= 0.35x).
+Then a 2-layer tensor-parallel MLP step (h=256, 2048 tokens) against the same model on one process.
+``--quick``: fewer calls, a smaller MLP.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import harness
@@ -18,13 +23,14 @@ harness.one_blas_thread()  # before NumPy starts its BLAS threads
 import numpy as np  # noqa: E402
 
 import ctensor as ct  # noqa: E402
-from harness import add_quick, positive_int, settle  # noqa: E402
+from harness import add_quick, free_port, positive_int, settle  # noqa: E402
 
 
-def _per_call(fn, number: int) -> float:
+def _per_call(fn, number: int, rounds: int = 5) -> float:
+    """Best seconds per call of ``fn`` over ``rounds`` windows of ``number`` calls."""
     fn()
     best = float("inf")
-    for _ in range(5):
+    for _ in range(rounds):
         t0 = time.perf_counter()
         for _ in range(number):
             fn()
@@ -32,7 +38,54 @@ def _per_call(fn, number: int) -> float:
     return best
 
 
+def _best_interleaved(fns: list, number: int, rounds: int = 5) -> list:
+    """Per function, the best seconds per call, the functions' windows taken in turn (a
+    noisy spell then hits every column alike)."""
+    best = [float("inf")] * len(fns)
+    for fn in fns:
+        fn()
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], _per_call(fn, number, rounds=1))
+    return best
+
+
+CASES = [("a + b", lambda a, b: a + b, lambda a, b: a + b),
+         ("a @ b", lambda a, b: a @ b, lambda a, b: a @ b),
+         ("a.sum(0)", lambda a, b: a.sum(0), lambda a, b: a.sum(0))]
+
+
+def _dtensor(av, bv, split: bool, grad: bool):
+    """``(a, b, local a, local b)`` as PyTorch DTensors on every rank (gloo) and the local
+    torch tensors the same ops see, or None when torch is not importable."""
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    except ImportError:
+        return None
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    torch.set_num_threads(1)  # as NumPy's one BLAS thread per rank
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port(comm)}",
+                                rank=comm.rank, world_size=comm.size)
+    mesh = init_device_mesh("cpu", (comm.size,))
+    a = distribute_tensor(torch.from_numpy(av), mesh, [Shard(0) if split else Replicate()])
+    b = distribute_tensor(torch.from_numpy(bv), mesh, [Replicate()])
+    if grad:
+        a.requires_grad_()
+        b.requires_grad_()
+    la, lb = a.to_local().detach(), b.to_local().detach()
+    if grad:
+        la.requires_grad_()
+        lb.requires_grad_()
+    return a, b, la, lb
+
+
 def op_overhead(number: int) -> list:
+    """Rows ``(op, layout, grad, ctensor s, numpy s, DTensor s or None, torch s or None)``."""
     p = ct.placement.all()
     S0, B = ct.sbp.split(0), ct.sbp.broadcast
     rng = np.random.default_rng(0)
@@ -44,12 +97,18 @@ def op_overhead(number: int) -> list:
             a = ct.tensor(av, placement=p, sbp=sa, requires_grad=grad)
             b = ct.tensor(bv, placement=p, sbp=B, requires_grad=grad)
             la, lb = next(iter(a.local_shards().values())), next(iter(b.local_shards().values()))
-            lb_rows = lb[:la.shape[0]]  # what a + b adds locally when a is split
-            for name, ours, ref in [("a + b", lambda: a + b, lambda: la + lb_rows),
-                                    ("a @ b", lambda: a @ b, lambda: la @ lb),
-                                    ("a.sum(0)", lambda: a.sum(0), lambda: la.sum(0))]:
-                t_ours, t_ref = _per_call(ours, number), _per_call(ref, number)
-                rows.append((name, layout_name, grad, t_ours, t_ref))
+            peer = _dtensor(av, bv, sa is S0, grad)
+            for name, ours, ref in CASES:
+                # what the op computes locally (a + b on a split a adds b's matching rows)
+                lb_used = lb[:la.shape[0]] if name == "a + b" else lb
+                fns = [lambda: ours(a, b), lambda: ref(la, lb_used)]
+                if peer is not None:
+                    da, db, ta, tb = peer
+                    tb_used = tb[:ta.shape[0]] if name == "a + b" else tb
+                    fns += [lambda: ours(da, db), lambda: ref(ta, tb_used)]
+                times = _best_interleaved(fns, number)
+                times += [None] * (4 - len(times))
+                rows.append((name, layout_name, grad, *times))
     return rows
 
 
@@ -93,11 +152,28 @@ def main() -> None:
     rows = op_overhead(args.number)
     t_tp, t_one = mlp_step(args.tokens, args.hidden, args.steps)
     if ct.rank() == 0:
-        print(f"dispatch overhead on {ct.world_size()} rank(s), 8x8 float32 (best of 5)")
-        print(f"{'op':<10}{'sbp':<6}{'grad':<6}{'ctensor us':>11}{'numpy us':>10}{'added us':>10}")
-        for name, lay, grad, t_ours, t_ref in rows:
-            print(f"{name:<10}{lay:<6}{str(grad):<6}{t_ours * 1e6:>11.1f}{t_ref * 1e6:>10.1f}"
-                  f"{(t_ours - t_ref) * 1e6:>10.1f}")
+        print(f"dispatch overhead on {ct.world_size()} rank(s), 8x8 float32 (best of 5 "
+              f"windows, ctensor's and DTensor's taken in turn)")
+        print(f"{'op':<10}{'sbp':<6}{'grad':<6}{'ctensor us':>11}{'numpy us':>10}{'added us':>10}"
+              f"{'DTensor us':>12}{'torch us':>10}{'added us':>10}{'ours/theirs':>13}")
+        ratios, add_ratios = [], []
+        for name, lay, grad, t_ours, t_ref, t_dt, t_torch in rows:
+            line = (f"{name:<10}{lay:<6}{str(grad):<6}{t_ours * 1e6:>11.1f}{t_ref * 1e6:>10.1f}"
+                    f"{(t_ours - t_ref) * 1e6:>10.1f}")
+            if t_dt is not None:
+                ratio = (t_ours - t_ref) / max(t_dt - t_torch, 1e-9)
+                ratios.append(ratio)
+                if name == "a + b":
+                    add_ratios.append(ratio)
+                line += (f"{t_dt * 1e6:>12.1f}{t_torch * 1e6:>10.1f}"
+                         f"{(t_dt - t_torch) * 1e6:>10.1f}{ratio:>12.2f}x")
+            print(line)
+        if ratios:
+            print(f"ctensor's added time / DTensor's: the 8x8 add worst {max(add_ratios):.2f}x "
+                  f"(target <= 0.35x); every row median {statistics.median(ratios):.2f}x, "
+                  f"worst {max(ratios):.2f}x")
+        else:
+            print("PyTorch DTensor: torch not importable, comparison skipped")
         print(f"\n2-layer TP MLP (h={args.hidden}, {args.tokens} tokens) fwd+bwd: "
               f"{t_tp * 1e3:.1f} ms on "
               f"{ct.world_size()} rank(s) vs {t_one * 1e3:.1f} ms on one rank "

@@ -1,5 +1,5 @@
-"""GPT training throughput: ctensor (one process, DP, TP, PP on 2 ranks) vs the hand-written
-data-parallel floor and PyTorch DDP, in one run (CPU).
+"""GPT training throughput: ctensor (one process; DP, TP, TP + sequence parallel and PP on 2
+ranks) vs the hand-written data-parallel floor and PyTorch DDP, in one run (CPU).
 
     python benchmarks/gpt.py [--steps 8] [--hidden 128] [--layers 4] [--quick]
 
@@ -48,7 +48,8 @@ sys.path.insert(0, str(TRAIN.parent))  # examples/gpt/data.py: the corpus every 
 SEED, LR, WARMUP, CLIP, WEIGHT_DECAY, DROPOUT = 0, 3e-3, 5, 1.0, 0.1, 0.0
 WARMUP_STEPS = 2  # not timed: plans, signature caches, connections
 CTENSOR = [("ctensor one process", 1, 1, 1), ("ctensor DP 2", 2, 1, 1),
-           ("ctensor TP 2", 1, 2, 1), ("ctensor PP 2", 1, 1, 2)]
+           ("ctensor TP 2", 1, 2, 1), ("ctensor TP 2 + SP", 1, 2, 1, True),
+           ("ctensor PP 2", 1, 1, 2)]
 PEERS = [("hand-written DP 2 (floor)", "floor"), ("PyTorch DDP 2 (gloo)", "ddp")]
 
 
@@ -72,11 +73,13 @@ def model_args(a) -> list:
             str(a.global_batch)]
 
 
-def run_ctensor(dp: int, tp: int, pp: int, a, log: Path) -> None:
+def run_ctensor(dp: int, tp: int, pp: int, a, log: Path, sp: bool = False) -> None:
     cmd = [sys.executable, str(TRAIN), "--dp", str(dp), "--tp", str(tp), "--pp", str(pp),
            "--micro-batches", str(2 if pp > 1 else 1), "--device", a.device,
            "--seed", str(SEED), "--lr", str(LR), "--warmup", str(WARMUP), "--clip", str(CLIP),
            "--dropout", str(DROPOUT), "--no-progress", "--log-json", str(log)] + model_args(a)
+    if sp:
+        cmd.append("--sp")
     if dp * tp * pp > 1:
         cmd = [mpiexec(), "-n", str(dp * tp * pp)] + cmd
     subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL, timeout=1800)
@@ -160,7 +163,8 @@ def main() -> None:
         return
     with_torch = torch_available()
     check_steps(with_torch)
-    runs = [(name, lambda log, c=c: run_ctensor(*c, a, log)) for name, *c in CTENSOR]
+    runs = [(name, lambda log, c=c: run_ctensor(*c[:3], a, log, *c[3:]))
+            for name, *c in CTENSOR]
     runs += [(name, lambda log, w=w: run_peer(w, a, log)) for name, w in PEERS
              if w == "floor" or with_torch]
     rounds: dict = {name: [] for name, _ in runs}

@@ -177,6 +177,18 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
             out._out_index = i
 
 
+def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
+    """:func:`record` for a caller that knows grad mode is on and some input (all of them
+    tensors) requires grad (dispatch: the hot path)."""
+    node = Node(name, [(t if t._node is None else Edge(t)) if t.requires_grad else None
+                       for t in inputs], backward_fn, len(outputs))
+    for i, out in enumerate(outputs):
+        if out.dtype.kind in "fc":
+            out.requires_grad = True
+            out._node = node
+            out._out_index = i
+
+
 def _topological(roots) -> list:
     """Nodes reachable from the ``roots``' nodes, each after every node that consumes it."""
     order, seen = [], set()

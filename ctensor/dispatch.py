@@ -69,6 +69,7 @@ P_ = Partial()
 _EPSILON = 1e-12  # seconds: what touching a layout costs at the least
 _SINGLE = (0,)
 _PAIR, _PAIR_SAME = (0, 1), (0, 0)
+_NEEDS: dict = {}  # (grads bits, inputs) -> BackwardContext.needs_input_grad
 #: an output left to be moved later may be moved once per consumer; moving it now once is
 #: preferred when the two otherwise tie
 _LATER = 1.01
@@ -139,6 +140,8 @@ class OpDef:
         self.grads: dict[str, OpDef] = {}
 
     def __call__(self, *inputs, **attrs):
+        if len(inputs) == 1 and type(inputs[0]) in TENSOR_TYPES:
+            return apply(self, inputs, attrs)
         return apply(self, as_tensor(inputs, self.name), attrs)
 
     def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
@@ -157,15 +160,19 @@ class OpDef:
         return f"<op {self.name}>"
 
 
-def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable]) -> Callable:
+def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable],
+            forwards: bool = False) -> Callable:
     """The public function: ``front`` with its first parameter (the OpDef) bound; with
     ``keyword_error(opname, keyword, front)`` an unknown keyword raises what it returns
-    (one call layer for both: this is every op's hot path)."""
+    (one call layer for both: this is every op's hot path). ``forwards``: the front only
+    calls ``op(*its arguments)``, so the public function dispatches without it."""
     params = list(inspect.signature(front).parameters.values())[1:]
     accepted = frozenset(p.name for p in params
                          if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                        inspect.Parameter.KEYWORD_ONLY))
-    if keyword_error is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if forwards:
+        public = _forwarding(front, opdef, [p.name for p in params], keyword_error)
+    elif keyword_error is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         def public(*args, **kwargs):
             return front(opdef, *args, **kwargs)
     else:
@@ -177,6 +184,39 @@ def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable]) ->
 
     functools.update_wrapper(public, front)
     public.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    return public
+
+
+def _forwarding(front: Callable, opdef: OpDef, names: list,
+                keyword_error: Optional[Callable]) -> Callable:
+    """The public function of a front that is ``return op(x)`` or ``return op(a, b)``: the
+    same, without the front and ``OpDef.__call__`` between the caller and :func:`apply`."""
+    name = opdef.name
+
+    def refuse(kwargs: dict):
+        bad = next(iter(kwargs))
+        if keyword_error is None:
+            return TypeError(f"{name}() got an unexpected keyword argument '{bad}'")
+        return keyword_error(name, bad, front)
+
+    if names == ["x"]:
+        def public(x, **kwargs):
+            if kwargs:
+                raise refuse(kwargs)
+            if type(x) in TENSOR_TYPES:
+                return apply(opdef, (x,), {})
+            return apply(opdef, as_tensor((x,), name), {})
+    elif names == ["a", "b"]:
+        def public(a, b, **kwargs):
+            if kwargs:
+                raise refuse(kwargs)
+            if type(a) in TENSOR_TYPES and type(b) in TENSOR_TYPES and \
+                    a._layout.placement is b._layout.placement:
+                return apply(opdef, (a, b), {})
+            return apply(opdef, as_tensor((a, b), name), {})
+    else:
+        raise TypeError(f"defop({name!r}): forwards=True takes a front (op, x) or "
+                        f"(op, a, b), got the parameters {names}")
     return public
 
 
@@ -204,7 +244,8 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
           composite: Optional[Callable] = None, plan: Optional[Callable] = None,
           flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
-          saves=None, method=False, keyword_error: Optional[Callable] = None) -> Callable:
+          saves=None, method=False, keyword_error: Optional[Callable] = None,
+          forwards: bool = False) -> Callable:
     """Declare an op (see the module docstring): decorates its front and returns the public
     function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
 
@@ -220,7 +261,10 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
     ``keyword_error(opname, keyword, front)`` makes the exception an unknown keyword
-    raises (the op families pass PyTorch's wording, see ``ops/_rules.py``).
+    raises (the op families pass PyTorch's wording, see ``ops/_rules.py``). ``forwards=True``
+    says the front is ``def front(op, x): return op(x)`` or ``def front(op, a, b): return
+    op(a, b)``: the public function then
+    dispatches directly (one call layer less on the hottest ops: arithmetic, unary math).
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
@@ -237,7 +281,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
                                 f"(or a fixed plan)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
                           composite, plan, flops, view, per_axis, saves)
-            public = _public(front, opdef, keyword_error)
+            public = _public(front, opdef, keyword_error, forwards)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]
         method_name = (opname if method is True else method) or None
@@ -574,13 +618,15 @@ class _Plan:
     the first run with data: a shape-only run never needs them)."""
 
     __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
-                 "moved", "verified")
+                 "moved", "verified", "unrolled")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
                  composite: bool):
         self.targets, self.out_layouts = targets, out_layouts
         self.composite = composite
         self.single = opdef.n_outputs == 1
+        # the common case apply() runs unrolled: one output, no context, one or two inputs
+        self.unrolled = self.single and not opdef.needs_ctx and len(layouts) <= 2
         self.verified = False  # whether a run has checked the kernel's local shapes
         # the inputs that need boxing
         self.moved = tuple(i for i, (l, t) in enumerate(zip(layouts, targets)) if l is not t)
@@ -709,7 +755,20 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
     grads = pinned = 0  # bit i: input i needs a gradient / is a parameter
-    if len(tensors) == 1:
+    n = len(tensors)
+    if n == 2:
+        t, u = tensors
+        layouts = (t._layout, u._layout)
+        # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
+        same = _PAIR_SAME if u is t else _PAIR
+        if t.requires_grad:
+            node = t._node
+            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
+        if u.requires_grad:
+            node = u._node
+            grads |= 2
+            pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << 1
+    elif n == 1:
         t = tensors[0]
         layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
@@ -722,18 +781,18 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                 node = t._node
                 pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << i
                 grads |= 1 << i
-        # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
-        if len(tensors) == 2:
-            same = _PAIR_SAME if tensors[1] is tensors[0] else _PAIR
-        else:
-            same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
-                          for i, t in enumerate(tensors)])
+        same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
+                      for i, t in enumerate(tensors)])
     if grads and (opdef.backward is None or not autograd._grad_enabled):
         grads = 0  # (the choice weighs the backward only when there will be one)
     dests = autograd.destinations
-    key = (opdef, runtime._default_dtype, _attrs_key(attrs) if attrs else (), layouts, dests,
-           grads, pinned, same)
-    plan = _plans.get(key)
+    key = (opdef, runtime._default_dtype, tuple(attrs.items()) if attrs else (), layouts,
+           dests, grads, pinned, same)
+    try:
+        plan = _plans.get(key)
+    except TypeError:  # an unhashable attribute (a list, an array): its frozen form
+        key = (opdef, key[1], _attrs_key(attrs), *key[3:])
+        plan = _plans.get(key)
     if plan is None:
         plan = _plan(opdef, layouts, attrs, dests, grads, pinned, same)
         if len(_plans) > 65536:
@@ -754,7 +813,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     else:
         xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
         try:
-            if single and not opdef.needs_ctx and len(boxed) <= 2:
+            if plan.unrolled:
                 # (the common case, unrolled: one output, no context, one or two inputs)
                 # (local shapes are a function of the plan: checked on its first run only)
                 result, first, check = {}, boxed[0]._shards, not plan.verified
@@ -796,32 +855,32 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     if grads:
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
-        # only what the backward reads the values of (``saves``) is kept; the rest is
-        # replaced by its layout, so an op's intermediate inputs and outputs are freed as
-        # soon as no later op needs them (an add keeps neither operand alive)
+        # only what the backward reads the values of (``saves``) is kept: the other inputs
+        # as their layouts, so an op's intermediate inputs are freed as soon as no later op
+        # needs them (an add keeps neither operand alive)
         saves = opdef.saves
         if callable(saves):  # what is read depends on which inputs need a gradient
             saves = saves(grads, layouts)
-        saved_out = tuple([o.detach() for o in outputs])
-        kept_in = tuple(boxed)
-        if saves is not None:
-            kept_in = tuple([t if i in saves else LayoutOnly(t) for i, t in enumerate(boxed)])
-            kept_out = saved_out if "outputs" in saves else \
-                tuple([LayoutOnly(o) for o in outputs])
-        else:
-            kept_out = saved_out
-        ctx = BackwardContext(kept_in, kept_out, attrs, opdef, layouts,
-                              tuple(bool(grads >> i & 1) for i in range(len(tensors))))
+        saved_out = tuple([o.detach() for o in outputs]) \
+            if saves is None or "outputs" in saves else ()
+        needs = _NEEDS.get((grads, n))
+        if needs is None:
+            needs = _NEEDS[grads, n] = tuple(bool(grads >> i & 1) for i in range(n))
+        kept_in = tuple(boxed) if saves is None else \
+            tuple([t if i in saves else LayoutOnly(t) for i, t in enumerate(boxed)])
+        ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
         hooks = autograd.saved_hooks()
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
             ctx.inputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.inputs)
             ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private)
-        watched = [(t._version, t._version.value) for i, t in enumerate(boxed)
-                   if saves is None or i in saves]
-        if saves is None or "outputs" in saves:
-            watched += [(o._version, o._version.value) for o in saved_out]
+        if saves is None:
+            watched = [(t._version, t._version.value) for t in boxed]
+        else:
+            watched = [(boxed[i]._version, boxed[i]._version.value) for i in saves
+                       if type(i) is int and i < n]
+        watched += [(o._version, o._version.value) for o in saved_out]
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks):
@@ -842,5 +901,5 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)
 
-        autograd.record(opdef.name, tensors, outputs, backward_fn)
+        autograd.attach(opdef.name, tensors, outputs, backward_fn)
     return outputs[0] if single else tuple(outputs)

@@ -147,6 +147,28 @@ def test_a_tensor_is_boxed_once(mesh):
     np.testing.assert_array_equal(got.numpy(), np.full(6, 5))
 
 
+def test_a_kept_boxed_copy_is_counted_while_its_tensor_lives(mesh):
+    # the copy kept on x for reuse holds memory: ct.debug.memory() counts it (activations)
+    # until x is gone
+    if mesh.size == 1:
+        pytest.skip("one rank: x is already whole, nothing is boxed")
+    held = [r for r in ct.runtime.world().held_ranks if r in mesh]
+    if not held:  # (under mpiexec: a rank outside the mesh holds nothing to count)
+        pytest.skip("this rank is not in the mesh")
+
+    def activations() -> int:
+        return ct.debug.memory(held[0]).current["activations"]
+
+    with ct.debug.track_memory():
+        base = activations()
+        x = ct.tensor(np.arange(36.0).reshape(6, 6), placement=mesh, sbp=(S0,) * mesh.ndim)
+        alone = activations()
+        x.argmax(0)  # keeps x gathered along dim 0 (36 float64 per rank); the result is gone
+        assert activations() - alone == 36 * 8
+        del x
+        assert activations() == base
+
+
 # ----------------------------------------------------------------------------- placements
 PLACEMENT_PAIRS = [
     ([0, 1, 2, 3], [1, 0]),                 # subset, reversed order

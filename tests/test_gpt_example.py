@@ -1,5 +1,6 @@
-"""examples/gpt/train.py: every parallel configuration and every pipeline schedule (GPipe,
-1F1B, interleaved 1F1B with virtual stages) gives the loss curve of one process, with
+"""examples/gpt/train.py: every parallel configuration, every pipeline schedule (GPipe,
+1F1B, interleaved 1F1B with virtual stages) and sequence parallelism give the loss curve of
+one process, with
 dropout on, in float64 (<= 1e-9 relative). In simulation every configuration runs; under
 mpiexec the ones whose size equals the world run on real ranks."""
 import importlib.util
@@ -53,6 +54,25 @@ def test_same_loss_curve_as_one_process(train, reference, config, schedule):
     assert history[-1] < history[0]
 
 
+SEQUENCE_PARALLEL = ["1x2x1", "2x2x1", "1x2x2"]
+
+
+@pytest.mark.parametrize("config", SEQUENCE_PARALLEL)
+def test_sequence_parallel_gives_the_loss_curve_of_one_process(train, reference, config):
+    """--sp: the residual stream split along the sequence on the tensor-parallel axis
+    (and sent that way between pipeline stages)."""
+    dp, tp, pp = map(int, config.split("x"))
+    size = dp * tp * pp
+    args = TINY + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--sp"]
+    if MPI_MODE:
+        if size != ct.world_size():
+            pytest.skip(f"{config} needs exactly {size} ranks")
+    else:
+        args += ["--simulate", str(size)]
+    history = train.run(args)
+    np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
+
+
 # interleaved 1F1B: 4 layers, 2 virtual stages per device (the one-process curve of 4 layers)
 TINY4 = [a if a != "2" or TINY[i - 1] != "--layers" else "4" for i, a in enumerate(TINY)]
 INTERLEAVED = ["1x1x2", "2x1x2", "1x2x2"]
@@ -85,6 +105,7 @@ def test_interleaved_gives_the_loss_curve_of_one_process(train, reference4, conf
      "--virtual-stages = 4"),
     (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--layers", "4",
       "--micro-batches", "1"], "--schedule interleaved needs --micro-batches >= --pp"),
+    (["--sp"], "--sp splits the sequence over the tensor-parallel ranks and needs --tp > 1"),
 ])
 def test_pipeline_options_are_checked_before_training(train, options, message):
     with pytest.raises(SystemExit, match=message):

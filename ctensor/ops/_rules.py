@@ -32,7 +32,10 @@ def widen(xp, *arrays):
     cross entropy statistics) or accumulate (NumPy's matmul, which has no float16 BLAS) work
     in float32 and dispatch casts their result back to the op's float16 output, as GPUs
     accumulate float16 products in float32."""
-    if not any(a.dtype == _HALF for a in arrays):
+    for a in arrays:
+        if a.dtype.char == "e":  # float16
+            break
+    else:
         return arrays if len(arrays) > 1 else arrays[0]
     out = tuple(a.astype(np.float32) if a.dtype == _HALF else a for a in arrays)
     return out if len(out) > 1 else out[0]

@@ -184,7 +184,7 @@ def _saves(grads: int, layouts: tuple) -> tuple:
 
 
 @defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, flops=_flops,
-       method=True, saves=_saves)
+       method=True, saves=_saves, forwards=True)
 def matmul(op, a, b):
     """Matrix product with NumPy/PyTorch semantics (``a @ b``): 1-D operands are vectors,
     leading (batch) dims broadcast.

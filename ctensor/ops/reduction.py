@@ -126,8 +126,8 @@ def _check(opname, x):
 
 
 # ----------------------------------------------------------------------------- sum / mean
-@defop("sum", kernel=lambda xp, x, dims, keepdim: xp.sum(x, axis=dims, keepdims=keepdim,
-                                                         dtype=_acc_dtype(x.dtype)),
+@defop("sum", kernel=lambda xp, x, dims, keepdim: x.sum(axis=dims, keepdims=keepdim,
+                                                        dtype=_acc_dtype(x.dtype)),
        meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P), saves=(),
        backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
                                          ctx.inputs[0].shape),),
@@ -150,7 +150,7 @@ sum_.op.grad_kernel(
 
 
 def _mean_kernel(xp, x, dims, keepdim, count):
-    out = xp.sum(x, axis=dims, keepdims=keepdim, dtype=_acc_dtype(x.dtype))
+    out = x.sum(axis=dims, keepdims=keepdim, dtype=_acc_dtype(x.dtype))
     return out / count if count else out * np.nan
 
 

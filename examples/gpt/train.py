@@ -64,6 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dp", type=_at_least(1), default=None,
                    help="data-parallel size (default: the world size / (tp * pp))")
     p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
+    p.add_argument("--sp", action="store_true",
+                   help="sequence parallel on the tensor-parallel axis (Megatron-SP: the "
+                        "residual stream split along the sequence; needs --tp > 1)")
     p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
     p.add_argument("--micro-batches", type=_at_least(1), default=1)
     add_pipeline_options(p)
@@ -167,7 +170,12 @@ def build(a):
             if name in rules:
                 rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
         module.to_global(mesh, rules)
-        stages.append(Stage(module, mesh, input_sbp=(ct.sbp.split(0), ct.sbp.broadcast)))
+        input_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
+        if a.sp:  # the residual stream split along the sequence on the tp axis
+            nn.parallel.sequence_parallel(module, tp_axis=1)
+            if s > 0:  # a stage receives it as it was left: 1/tp of the bytes move
+                input_sbp = (ct.sbp.split(0), ct.sbp.split(1))
+        stages.append(Stage(module, mesh, input_sbp=input_sbp))
     return gpt, stages
 
 
@@ -307,7 +315,11 @@ def add_pipeline_options(p: argparse.ArgumentParser) -> None:
 
 
 def check_pipeline_options(a) -> None:
-    """Usage errors of the pipeline options, before any collective."""
+    """Usage errors of the pipeline (and sequence-parallel) options, before any
+    collective."""
+    if a.sp and a.tp < 2:
+        raise SystemExit(f"train.py: --sp splits the sequence over the tensor-parallel ranks "
+                         f"and needs --tp > 1 (got --tp {a.tp})")
     v = a.virtual_stages
     if v > 1 and a.schedule != "interleaved":
         raise SystemExit(f"train.py: --virtual-stages {v} needs --schedule interleaved "
