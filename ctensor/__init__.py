@@ -20,10 +20,12 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
 from .random import manual_seed, rand, randn, randint, rand_like, randn_like
 from . import ops as _ops  # noqa: F401  (declares every op)
 from . import autograd, debug
+from . import meta, plan  # shape-only tensors; ct.plan: memory, communication, step time
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
 from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
-from .errors import CollectiveError, DivergenceError, CommTimeoutError, RankExitedError
+from .errors import (CollectiveError, DivergenceError, CommTimeoutError, RankExitedError,
+                     MetaModeError)
 from .pending import PendingTensor
 from .registry import OPS as _OPS
 

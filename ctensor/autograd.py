@@ -13,6 +13,7 @@ synchronised backward boxes the total once.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import gradsync
@@ -50,6 +51,42 @@ class Node:
 
     def __repr__(self) -> str:
         return f"<{self.name}Backward>"
+
+
+class Edge:
+    """What a node keeps of a non-leaf input: the node that made it and which of its
+    outputs it is, its layout (where its gradient is headed) and a weak reference to the
+    tensor itself (for ``retain_grad`` and ``autograd.grad(inputs=...)``, which hold it).
+    The graph thus never keeps an activation's shards alive: only what the backward
+    contexts save does (a leaf — a parameter — is kept as it is)."""
+
+    __slots__ = ("_node", "_out_index", "_layout", "_ref", "requires_grad")
+
+    def __init__(self, t) -> None:
+        self._node, self._out_index, self._layout = t._node, t._out_index, t._layout
+        self._ref = weakref.ref(t)
+        self.requires_grad = True
+
+    @property
+    def grad_fn(self):
+        return self._node
+
+    @property
+    def tensor(self):
+        """The tensor, while it lives (else None)."""
+        return self._ref()
+
+
+def _edge(t):
+    """A node's record of input ``t``: a leaf as it is, a non-leaf as its :class:`Edge`."""
+    if t is None or not getattr(t, "requires_grad", False):
+        return None
+    return t if t._node is None else Edge(t)
+
+
+def _tensor(t):
+    """The tensor behind a node input (an :class:`Edge`'s, if it still lives)."""
+    return t._ref() if type(t) is Edge else t
 
 
 def is_grad_enabled() -> bool:
@@ -132,8 +169,7 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
     """Attach a node to ``outputs`` if grad mode is on and some input requires grad."""
     if not _grad_enabled or not any(getattr(t, "requires_grad", False) for t in inputs):
         return
-    node = Node(name, [t if getattr(t, "requires_grad", False) else None for t in inputs],
-                backward_fn, len(outputs))
+    node = Node(name, [_edge(t) for t in inputs], backward_fn, len(outputs))
     for i, out in enumerate(outputs):
         if out is not None and out.dtype.kind in "fc":
             out.requires_grad = True
@@ -144,8 +180,8 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
 def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
     """:func:`record` for a caller that knows grad mode is on and some input (all of them
     tensors) requires grad (dispatch: the hot path)."""
-    node = Node(name, [t if t.requires_grad else None for t in inputs], backward_fn,
-                len(outputs))
+    node = Node(name, [(t if t._node is None else Edge(t)) if t.requires_grad else None
+                       for t in inputs], backward_fn, len(outputs))
     for i, out in enumerate(outputs):
         if out.dtype.kind in "fc":
             out.requires_grad = True
@@ -242,6 +278,7 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
             for node in order:
                 entries = [pending.pop((id(node), i), (None, None)) for i in range(node.n_outputs)]
                 for t, g in entries:  # a non-leaf's gradient is complete when its node runs
+                    t = _tensor(t)
                     if t is not None and g is not None:
                         if capture is not None and id(t) in capture:
                             captured[id(t)] = g

@@ -14,6 +14,7 @@ import numpy as np
 
 from . import debug
 from .layout import Layout
+from .meta import MetaBuffer
 from .placement import Placement
 from ._args import unpack_sizes
 from .registry import OPS, OpRecord
@@ -65,6 +66,8 @@ def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Ten
     """A tensor whose every shard is ``fill(xp, region, dtype)`` (the logical values in region
     ``region``). Partial axes: the value sits at index 0 of each partial axis, the reduction's
     identity elsewhere, so the logical value is the stated one."""
+    if world().meta:  # shape-only: the layout is the tensor
+        return Tensor(layout, MetaBuffer.of(layout), requires_grad=requires_grad)
     xp = array_module(layout.placement.device)
     p = layout.placement
     partial_axes = [(a, s.op) for a, s in enumerate(layout.sbp) if isinstance(s, Partial)]
@@ -145,6 +148,8 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
         raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
                         f"{placement!r} ({type(placement).__name__})")
     placement.check_world(w.size, fn)
+    if w.meta:
+        return _from_local_meta(fn, local, placement, sbp, shape)
     held = [r for r in w.held_ranks if r in placement]
     try:
         arrays, problem = _local_arrays(fn, local, w, held, array_module(placement.device)), None
@@ -165,6 +170,30 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
                          f"({next(iter(failed.values()))}); every rank must pass its shard")
     everyone = {r: m for r, m in zip(world_ranks, listing) if r in placement}
     return _assemble(fn, arrays, everyone, placement, sbp, shape)
+
+
+def _from_local_meta(fn, local, placement, sbp, shape) -> Tensor:
+    """:func:`from_local` in a shape-only world: ``local`` is one array (or a mapping of
+    arrays) giving the shard's shape and dtype, alike on every rank; without ``shape`` the
+    logical shape is the shard's times the mesh sizes splitting each dim (an even split)."""
+    sample = next(iter(local.values()), None) if isinstance(local, dict) else local
+    if sample is None or not hasattr(sample, "shape") or not hasattr(sample, "dtype"):
+        raise TypeError(f"{fn}: in a shape-only world (ct.simulate(n, meta=True)) argument "
+                        f"'local' must be an array (or a {{rank: array}} mapping) whose shape "
+                        f"and dtype stand for every rank's shard, got {type(local).__name__}")
+    sbp_t = normalize_sbp(sbp, placement.ndim, len(sample.shape), fn)
+    if shape is None:
+        shape = list(sample.shape)
+        for axis, entry in enumerate(sbp_t):
+            if getattr(entry, "dim", None) is not None:
+                shape[entry.dim] *= placement.shape[axis]
+    layout = resolve(fn, shape, placement, sbp_t, sample.dtype)
+    first = layout.local_shape(placement.rank_list[0])
+    if tuple(sample.shape) != first:
+        raise ValueError(f"{fn}: the shard of shape {tuple(sample.shape)} does not fit shape "
+                         f"{layout.shape} with sbp {format_sbp(layout.sbp)} (rank "
+                         f"{placement.rank_list[0]} holds {first})")
+    return Tensor(layout, MetaBuffer.of(layout))
 
 
 def _local_arrays(fn, local, w, held, xp) -> dict:

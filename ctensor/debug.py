@@ -28,6 +28,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from . import memory as _memory
+from . import trace as _trace
 from .comm import context
 
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
@@ -41,8 +42,8 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank
 @dataclass(frozen=True)
 class CommEvent:
     """One boxing step: which op caused it, the SBPs, the collective, the bytes moved (bytes
-    of the shards this process fed into it: in a simulation, those of every rank), and the
-    logical shape and dtype of the tensor it moved."""
+    of the shards this process fed into it: in a simulation, those of every rank), the
+    logical shape and dtype of the tensor it moved, and its placements before and after."""
 
     op: str
     src: tuple
@@ -52,6 +53,10 @@ class CommEvent:
     mesh_axis: Optional[int] = None
     shape: tuple = ()
     dtype: str = ""
+    #: where the moved tensor lives before and after the step (the groups are its mesh's
+    #: rows along ``mesh_axis``; a ``send_recv`` moves between the two placements)
+    placement: Optional[object] = None
+    target: Optional[object] = None
 
     def __repr__(self) -> str:
         from .sbp import format_sbp
@@ -157,12 +162,16 @@ describe_step = context.describe_step
 
 
 def record(step, nbytes: int) -> None:
-    """Called by boxing for every step it runs."""
+    """Called by boxing for every step it runs (and by the shape-only executor for every
+    step it would run)."""
+    if _trace.active:  # (a gradient's reduction is named so, whatever op boxes it)
+        stack = context.op_stack
+        _trace.comm(step, "grad_sync" if "grad_sync" in stack else stack[-1], nbytes)
     if not _logs:
         return
     event = CommEvent(context.op_stack[-1], step.before.sbp, step.after.sbp, step.collective,
                       int(nbytes), step.mesh_axis, tuple(step.before.shape),
-                      str(step.before.dtype))
+                      str(step.before.dtype), step.before.placement, step.after.placement)
     for log in _logs:
         log.append(event)
 
@@ -523,14 +532,19 @@ def memory(rank: Optional[int] = None) -> MemoryStats:
         raise RuntimeError("memory: memory tracking is off; turn it on first with "
                            "ct.debug.track_memory() (a call, or a with block around the "
                            "code to measure)")
-    held = world().held_ranks
+    held, meta = world().held_ranks, world().meta
     if rank is not None:
         if rank not in held:
             raise ValueError(f"memory: argument 'rank' is {rank!r}, but this process holds "
                              f"ranks {list(held)}")
-        return MemoryStats(rank, *_memory.snapshot(rank))
+        return MemoryStats(rank, *_memory.snapshot(rank, meta))
     if len(held) == 1:
-        return MemoryStats(held[0], *_memory.snapshot(held[0]))
+        return MemoryStats(held[0], *_memory.snapshot(held[0], meta))
+    if meta:  # a shape-only run: the figures are vectors over ranks
+        f = _memory.meta_peaks()
+        top = lambda a: int(a.max()) if a.size else 0  # noqa: E731
+        return MemoryStats("max", {k: top(f["current_" + k]) for k in _memory.KINDS},
+                           {k: top(f[k]) for k in _memory.KINDS}, top(f["total"]))
     snaps = [_memory.snapshot(r) for r in held]
     current = {k: max(s[0][k] for s in snaps) for k in _memory.KINDS}
     peak = {k: max(s[1][k] for s in snaps) for k in _memory.KINDS}

@@ -50,12 +50,13 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import autograd, boxing
+from . import autograd, boxing, shapeonly
 from . import cost as cost_model
 from .arrays import array_module
 from .comm import context
 from .dtypes import scalar_dtype
 from .layout import Layout
+from .meta import MetaBuffer
 from .placement import Placement
 from .registry import OPS, OpRecord
 from . import runtime
@@ -253,8 +254,10 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     marks a kernel that only re-views its input (reshape, permute); ``per_axis=True``
     passes ``mesh_axis=`` to ``signatures`` (rules that depend on the other axes' splits,
     such as reshape's alignment); ``saves`` names what the backward reads the values of
-    (input indices and/or ``"outputs"``; default: everything), so that an in-place write
-    to anything else after the op is allowed. ``name`` defaults to
+    (input indices and/or ``"outputs"``; default: everything; or a function of the
+    bitmask of inputs needing a gradient and the input layouts that returns them), so that
+    an in-place write to anything else after the op is allowed and the backward context
+    keeps nothing else alive (the rest is kept as a :class:`LayoutOnly`). ``name`` defaults to
     the front's name; ``method=True``
     binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
     ``keyword_error(opname, keyword, front)`` makes the exception an unknown keyword
@@ -305,6 +308,27 @@ class KernelContext:
         return self.out_layouts[i].region(self.rank)
 
 
+class LayoutOnly:
+    """What a backward context keeps of a tensor whose values its backward never reads
+    (the op's ``saves`` leaves it out): the layout, so ``shape``, ``dtype``, ``sbp`` and
+    ``placement`` still answer. Using it as an operand is an error of the op's
+    declaration (its ``saves`` is wrong)."""
+
+    __slots__ = ("_layout", "requires_grad")
+
+    def __init__(self, t: Tensor):
+        self._layout, self.requires_grad = t._layout, t.requires_grad
+
+    shape = property(lambda self: self._layout.shape)
+    dtype = property(lambda self: self._layout.dtype)
+    sbp = property(lambda self: self._layout.sbp)
+    placement = property(lambda self: self._layout.placement)
+    ndim = property(lambda self: len(self._layout.shape))
+
+    def __repr__(self) -> str:
+        return f"LayoutOnly({self._layout!r})"
+
+
 @dataclass
 class BackwardContext:
     """Handed to an op's backward: the inputs as the kernel saw them (boxed), the
@@ -340,16 +364,19 @@ def _constant(value, placement: Placement, dtype=None) -> Tensor:
     arr = np.asarray(value, dtype=dtype)
     if arr.dtype == object:
         raise TypeError(f"cannot use {value!r} ({type(value).__name__}) as a tensor operand")
-    xp = array_module(placement.device)
     layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
-    held = [r for r in world().held_ranks if r in placement]
-    shards = {}
-    for r in held:
-        a = xp.asarray(arr)
-        if scalar and xp is np:
-            a.flags.writeable = False
-        shards[r] = a
-    out = Tensor(layout, shards)
+    if world().meta:
+        out = Tensor(layout, MetaBuffer.of(layout))
+    else:
+        xp = array_module(placement.device)
+        held = [r for r in world().held_ranks if r in placement]
+        shards = {}
+        for r in held:
+            a = xp.asarray(arr)
+            if scalar and xp is np:
+                a.flags.writeable = False
+            shards[r] = a
+        out = Tensor(layout, shards)
     if scalar:
         if len(_constants) > 4096:
             _constants.clear()
@@ -587,9 +614,10 @@ _plans: dict = {}
 class _Plan:
     """What one (op, attributes, input layouts) resolves to, computed once: the input
     layouts after boxing (and which inputs share one boxing), the output layouts, the array
-    module, and each output's local shape per rank (so kernel bugs are caught)."""
+    module, and each output's local shape per rank (so kernel bugs are caught; computed on
+    the first run with data: a shape-only run never needs them)."""
 
-    __slots__ = ("targets", "out_layouts", "xp", "single", "shapes", "composite", "aliases",
+    __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
                  "moved", "verified", "unrolled")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
@@ -603,15 +631,29 @@ class _Plan:
         # the inputs that need boxing
         self.moved = tuple(i for i, (l, t) in enumerate(zip(layouts, targets)) if l is not t)
         if composite:
-            self.xp, self.shapes, self.aliases, self.moved = None, {}, (), ()
+            self.xp, self._shapes, self.aliases, self.moved = None, {}, (), ()
             return
         # per input: whether its boxing only views it (the boxed copy then shares its
         # count of in-place writes)
         self.aliases = tuple(l is not t and boxing.aliases(l, t)
                              for l, t in zip(layouts, targets))
-        self.xp = array_module(out_layouts[0].placement.device)
-        p = out_layouts[0].placement
-        self.shapes = {r: tuple(l.local_shape(r) for l in out_layouts) for r in p.rank_list}
+        try:
+            self.xp = array_module(out_layouts[0].placement.device)
+        except RuntimeError:
+            if not world().meta:
+                raise
+            # a shape-only plan of a GPU job on a machine without CuPy: no kernel runs (and
+            # without CuPy no tensor with data can ever reach this plan)
+            self.xp = None
+        self._shapes = None
+
+    @property
+    def shapes(self) -> dict:
+        if self._shapes is None:
+            p = self.out_layouts[0].placement
+            self._shapes = {r: tuple(l.local_shape(r) for l in self.out_layouts)
+                            for r in p.rank_list}
+        return self._shapes
 
 
 def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int, pinned: int,
@@ -664,15 +706,19 @@ def _boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
             del cache[target]
     context.op_stack.append(opdef.name)  # names the op in the communication log
     try:
-        copy = Tensor(target, boxing.box(t._shards, t._layout, target))
+        if type(t._shards) is MetaBuffer:  # shape-only: the steps are recorded, not run
+            copy = Tensor(target, shapeonly.box(t._shards, t._layout, target))
+        else:
+            copy = Tensor(target, boxing.box(t._shards, t._layout, target))
     finally:
         context.op_stack.pop()
     if aliases:  # views of t: they share t's count of in-place writes
         copy._version = t._version
     elif opdef.plan is None and not (t.requires_grad and t._node is None):
-        for arr in copy._shards.values():
-            if type(arr) is np.ndarray:
-                arr.flags.writeable = False
+        if type(copy._shards) is not MetaBuffer:
+            for arr in copy._shards.values():
+                if type(arr) is np.ndarray:
+                    arr.flags.writeable = False
         if cache is None:
             cache = t._boxed = {}
         cache[target] = (t._version.value, t._layout, copy)
@@ -694,6 +740,17 @@ def _conform(opdef: OpDef, arr, xp, rank: int, layout: Layout, expected: tuple):
     return arr
 
 
+_CAST = "to"
+
+
+def _casts_leaf(node) -> bool:
+    """Whether ``node`` is a dtype cast of a parameter (mixed precision's half copy of a
+    float32 master): such a copy stays where its parameter was laid out, as the parameter
+    itself would (``pinned``)."""
+    src = node.inputs[0]
+    return src is not None and src._node is None
+
+
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
@@ -705,20 +762,24 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # which inputs are one tensor (y * y): it is boxed once, and the choice knows it
         same = _PAIR_SAME if u is t else _PAIR
         if t.requires_grad:
-            grads, pinned = 1, int(t._node is None)
+            node = t._node
+            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
         if u.requires_grad:
+            node = u._node
             grads |= 2
-            pinned |= (u._node is None) << 1
+            pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << 1
     elif n == 1:
         t = tensors[0]
         layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
-            grads, pinned = 1, int(t._node is None)
+            node = t._node
+            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
     else:
         layouts = tuple([t._layout for t in tensors])
         for i, t in enumerate(tensors):
             if t.requires_grad:
-                pinned |= (t._node is None) << i
+                node = t._node
+                pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << i
                 grads |= 1 << i
         same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
                       for i, t in enumerate(tensors)])
@@ -747,43 +808,46 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         for i in plan.moved:
             boxed[i] = _boxed(opdef, tensors[i], targets[i], plan.aliases[i])
 
-    xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
-    try:
-        if plan.unrolled:
-            # (the common case, unrolled: one output, no context, one or two inputs)
-            # (local shapes are a function of the plan: checked on its first run only)
-            result, first, check = {}, boxed[0]._shards, not plan.verified
-            second = boxed[1]._shards if len(boxed) == 2 else None
-            dtype = out_layouts[0].dtype
-            for rank, a in first.items():
-                arr = kernel(xp, a, **attrs) if second is None else \
-                    kernel(xp, a, second[rank], **attrs)
-                if type(arr) is not np.ndarray or arr.dtype is not dtype or \
-                        (check and arr.shape != shapes[rank][0]):
-                    arr = _conform(opdef, arr, xp, rank, out_layouts[0], shapes[rank][0])
-                result[rank] = arr
-            plan.verified = True
-            results = (result,)
-        else:
-            results = [{} for _ in out_layouts]
-            for rank in boxed[0]._shards:
-                arrays = [b._shards[rank] for b in boxed]
-                if opdef.needs_ctx:
-                    out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
-                                 **attrs)
-                else:
-                    out = kernel(xp, *arrays, **attrs)
-                if single:
-                    out = (out,)
-                expected = shapes[rank]
-                for j, arr in enumerate(out):
-                    results[j][rank] = _conform(opdef, arr, xp, rank, out_layouts[j],
-                                                expected[j])
-    except KeyError:
-        _stale(opdef, tensors)
-        raise
-    outputs = [Tensor(out_layouts[0], results[0])] if single else \
-        [Tensor(l, r) for l, r in zip(out_layouts, results)]
+    if type(boxed[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
+        outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, key)
+    else:
+        xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
+        try:
+            if plan.unrolled:
+                # (the common case, unrolled: one output, no context, one or two inputs)
+                # (local shapes are a function of the plan: checked on its first run only)
+                result, first, check = {}, boxed[0]._shards, not plan.verified
+                second = boxed[1]._shards if len(boxed) == 2 else None
+                dtype = out_layouts[0].dtype
+                for rank, a in first.items():
+                    arr = kernel(xp, a, **attrs) if second is None else \
+                        kernel(xp, a, second[rank], **attrs)
+                    if type(arr) is not np.ndarray or arr.dtype is not dtype or \
+                            (check and arr.shape != shapes[rank][0]):
+                        arr = _conform(opdef, arr, xp, rank, out_layouts[0], shapes[rank][0])
+                    result[rank] = arr
+                plan.verified = True
+                results = (result,)
+            else:
+                results = [{} for _ in out_layouts]
+                for rank in boxed[0]._shards:
+                    arrays = [b._shards[rank] for b in boxed]
+                    if opdef.needs_ctx:
+                        out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
+                                     **attrs)
+                    else:
+                        out = kernel(xp, *arrays, **attrs)
+                    if single:
+                        out = (out,)
+                    expected = shapes[rank]
+                    for j, arr in enumerate(out):
+                        results[j][rank] = _conform(opdef, arr, xp, rank, out_layouts[j],
+                                                    expected[j])
+        except KeyError:
+            _stale(opdef, tensors)
+            raise
+        outputs = [Tensor(out_layouts[0], results[0])] if single else \
+            [Tensor(l, r) for l, r in zip(out_layouts, results)]
     if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so
         for o in outputs:                        # its count of in-place writes
             o._version = tensors[0]._version
@@ -791,18 +855,25 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     if grads:
         # inputs as they are (the backward runs under no_grad, and they point upstream
         # only); outputs detached, or output -> node -> context -> output would be a cycle
+        # only what the backward reads the values of (``saves``) is kept: the other inputs
+        # as their layouts, so an op's intermediate inputs are freed as soon as no later op
+        # needs them (an add keeps neither operand alive)
         saves = opdef.saves
+        if callable(saves):  # what is read depends on which inputs need a gradient
+            saves = saves(grads, layouts)
         saved_out = tuple([o.detach() for o in outputs]) \
             if saves is None or "outputs" in saves else ()
         needs = _NEEDS.get((grads, n))
         if needs is None:
             needs = _NEEDS[grads, n] = tuple(bool(grads >> i & 1) for i in range(n))
-        ctx = BackwardContext(tuple(boxed), saved_out, attrs, opdef, layouts, needs)
+        kept_in = tuple(boxed) if saves is None else \
+            tuple([t if i in saves else LayoutOnly(t) for i, t in enumerate(boxed)])
+        ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
         hooks = autograd.saved_hooks()
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
-            ctx.inputs = tuple(pack(t) for t in ctx.inputs)
-            ctx.outputs = tuple(pack(t) for t in ctx.outputs)
+            ctx.inputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.inputs)
+            ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private)
         if saves is None:
             watched = [(t._version, t._version.value) for t in boxed]
@@ -820,8 +891,11 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                                        f"after it was used; compute on a copy (x.clone()) or "
                                        f"do the in-place update after backward()")
             if hooks is not None:
-                ctx = BackwardContext(tuple(hooks[1](t) for t in ctx.inputs),
-                                      tuple(hooks[1](t) for t in ctx.outputs), ctx.attrs,
+                unpack = hooks[1]
+                ctx = BackwardContext(
+                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.inputs),
+                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.outputs),
+                    ctx.attrs,
                                       ctx.op, ctx.in_layouts, ctx.needs_input_grad)
             if single:
                 return backward(ctx, grads[0])

@@ -36,3 +36,11 @@ class RankExitedError(CollectiveError):
     (reached its end, returned from ``main`` or called ``sys.exit``). Raised within about
     a second of that rank's exit; the message names the rank, where it left and what this
     rank was waiting in."""
+
+
+class MetaModeError(RuntimeError):
+    """A value was asked of a tensor in a shape-only world (``ct.simulate(n, meta=True)``):
+    such tensors are their layouts and hold no data, so ``numpy()``, ``item()``,
+    ``to_local()`` and the like cannot answer. Take values in a real run; in a plan, keep
+    control flow that depends on values out of the script (or branch on
+    ``ct.runtime.is_meta()``)."""

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import boxing, memory
+from . import boxing, debug, memory
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
+from .meta import MetaBuffer, rank_bytes
 from .registry import OPS
 from .sbp import Broadcast, Partial, ReduceOp, Split, split_range
 
@@ -80,6 +81,15 @@ def _reduction(src: Layout, dst: Layout):
     return (tuple(axes), None) if axes else None
 
 
+class _Kind:
+    """What a bucket keeps of a member's gradient once packed: the tensor type to rebuild."""
+
+    __slots__ = ("cls",)
+
+    def __init__(self, cls) -> None:
+        self.cls = cls
+
+
 class _Bucket:
     """Gradients needing one reduction; filled, then reduced by one collective."""
 
@@ -114,6 +124,8 @@ class _Bucket:
 
     def start(self) -> None:
         """Pack every member's shards into one buffer per rank and start the reduction."""
+        if type(self.members[0][1]._shards) is MetaBuffer:
+            return self._start_meta()
         flats, sizes = {}, None if self.scatter is None else {}
         for rank in self.members[0][1]._shards:
             xp = array_module(self.members[0][1]._shards[rank])
@@ -128,10 +140,34 @@ class _Bucket:
                 flats[rank] = xp.concatenate(segments)
         self.pending = boxing.reduce_flat(flats, self.placement, self.axes, sizes,
                                           self.dtype, len(self.members))
+        self._release()
+
+    def _release(self) -> None:
+        """Drop the members' unreduced gradients once packed (the flat buffer holds their
+        values): they would otherwise stay alive until the whole backward ends."""
+        self.members = [(leaf, _Kind(type(g)), target, dim)
+                        for leaf, g, target, dim in self.members]
+
+    def _start_meta(self) -> None:
+        """Shape-only: record the bucket's one reduction; its members' reduced gradients
+        are views of one flat buffer, as in a real run."""
+        fed = sum(rank_bytes(g._layout) for _, g, _, _ in self.members)
+        result = sum(rank_bytes(t) for _, _, t, _ in self.members)
+        first = int(fed if isinstance(fed, int) else np.asarray(fed).reshape(-1)[0])
+        record = boxing._Flat(self.placement, self.axes, self.scatter is not None,
+                              self.dtype, first // self.dtype.itemsize)
+        if any(self.placement.shape[a] > 1 for a in self.axes):
+            total = fed * self.placement.size if isinstance(fed, int) else int(np.sum(fed))
+            debug.record(record, total)  # what the real reduction logs
+        self.pending = MetaBuffer(self.placement, result)
+        self._release()
 
     def finish(self) -> list:
         """Wait for the reduction and give each member its reduced shard:
         ``[(leaf, reduced grad tensor)]``."""
+        if type(self.pending) is MetaBuffer:
+            return [(leaf, grad.cls(target, self.pending))
+                    for leaf, grad, target, _ in self.members]
         reduced = self.pending.wait()
         out, offset = [], {r: 0 for r in reduced}
         for leaf, grad, target, _ in self.members:
@@ -141,7 +177,7 @@ class _Bucket:
                 n = int(np.prod(shape, dtype=np.int64))
                 shards[rank] = flat[offset[rank]:offset[rank] + n].reshape(shape)
                 offset[rank] += n
-            out.append((leaf, type(grad)(target, shards)))
+            out.append((leaf, grad.cls(target, shards)))
         return out
 
 
@@ -167,7 +203,11 @@ class Synchronizer:
         target = getattr(leaf, "_grad_layout", None) or leaf._layout
         plan = _reduction(g._layout, target) if _bucket_bytes > 0 else None
         if plan is None:
-            self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+            context.op_stack.append("grad_sync")  # (a plan counts it once per step)
+            try:
+                self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+            finally:
+                context.op_stack.pop()
             return
         axes, scatter = plan
         scatter_axis = scatter[0] if scatter else None
@@ -192,7 +232,8 @@ class Synchronizer:
     def progress(self) -> None:
         """Let started reductions advance (backends that progress only when called)."""
         for bucket in self.started:
-            bucket.pending.test()
+            if type(bucket.pending) is not MetaBuffer:
+                bucket.pending.test()
 
     def finish(self) -> None:
         """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
@@ -206,8 +247,11 @@ class Synchronizer:
 
 
 def _set_grad(leaf, g) -> None:
-    if g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
-                                                     leaf._shards.values())):
+    if type(g._shards) is MetaBuffer:
+        if g is leaf.grad or g._shards is leaf._shards:
+            g = OPS.clone(g)
+    elif g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
+                                                       leaf._shards.values())):
         g = OPS.clone(g)
     leaf.grad = g.detach()
     if memory.tracking:

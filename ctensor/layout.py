@@ -53,22 +53,26 @@ class Layout:
     def __repr__(self) -> str:
         return f"Layout({self.shape}, {self.dtype}, {self.placement!r}, {self.sbp})"
 
-    def _fill(self) -> None:
-        p = self.placement
-        self._regions = {r: local_region(self.shape, self.sbp, p.shape, p.coord(r))
-                       for r in p.rank_list}
-        self._shapes = {r: tuple(b - a for a, b in region) for r, region in self._regions.items()}
-
     def region(self, rank: int) -> tuple:
-        """``(start, stop)`` per dim of the logical region held by ``rank``."""
-        if self._regions is None:
-            self._fill()
-        return self._regions[rank]
+        """``(start, stop)`` per dim of the logical region held by ``rank`` (computed for a
+        rank when first asked: a layout over thousands of ranks never fills them all)."""
+        regions = self._regions
+        if regions is None:
+            regions = self._regions = {}
+        hit = regions.get(rank)
+        if hit is None:
+            p = self.placement
+            hit = regions[rank] = local_region(self.shape, self.sbp, p.shape, p.coord(rank))
+        return hit
 
     def local_shape(self, rank: int) -> tuple:
-        if self._shapes is None:
-            self._fill()
-        return self._shapes[rank]
+        shapes = self._shapes
+        if shapes is None:
+            shapes = self._shapes = {}
+        hit = shapes.get(rank)
+        if hit is None:
+            hit = shapes[rank] = tuple(b - a for a, b in self.region(rank))
+        return hit
 
     @property
     def ndim(self) -> int:

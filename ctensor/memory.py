@@ -14,13 +14,21 @@ freed (a ``weakref.finalize`` on the buffer). Each buffer has one kind:
 
 Arrays that never become a tensor (scratch inside a kernel, communication buffers) are not
 seen. Off (the default), the only cost is one flag test per tensor made.
+
+In a shape-only world (``ct.simulate(n, meta=True)``) a tensor's shards are one
+:class:`~ctensor.meta.MetaBuffer` for all its ranks; it is counted the same way, once per
+buffer, as vectors over the world's ranks (no loop over ranks), and buffers made by boxing
+are also summed apart (:func:`meta_peaks`' ``boxing``: part of ``activations``).
 """
 from __future__ import annotations
 
 import gc
 import weakref
 
-__all__ = ["KINDS", "tracking", "enable", "disable", "track", "tag", "reset_peak", "snapshot"]
+import numpy as np
+
+__all__ = ["KINDS", "tracking", "enable", "disable", "track", "tag", "reset_peak", "snapshot",
+           "meta_peaks"]
 
 KINDS = ("parameters", "gradients", "optimizer", "activations")
 DEFAULT_KIND = "activations"
@@ -104,7 +112,11 @@ def track(tensor, kind: str | None = None) -> None:
     simulation, where a collective may hand each rank a slice of one result) counts, for
     each rank, the bytes of that rank's own views: what the rank would hold on its own."""
     kind = kind or getattr(type(tensor), "_memory_kind", DEFAULT_KIND)
-    for rank, arr in tensor._shards.items():
+    shards = tensor._shards
+    if not isinstance(shards, dict):  # a shape-only tensor: one buffer for all ranks
+        _meta.track(shards, kind)
+        return
+    for rank, arr in shards.items():
         root = _root(arr)
         key = id(root)
         entry = _buffers.get(key)
@@ -138,6 +150,9 @@ def tag(tensor, kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"tag_memory: argument 'kind' must be one of {KINDS}, got {kind!r}")
     track(tensor, kind)
+    if not isinstance(tensor._shards, dict):
+        _meta.tag(tensor._shards, kind)
+        return
     for arr in tensor._shards.values():
         entry = _buffers.get(id(_root(arr)))
         if entry is not None:
@@ -145,6 +160,7 @@ def tag(tensor, kind: str) -> None:
 
 
 def _clear() -> None:
+    _meta.clear()
     for entry in _buffers.values():
         entry[2].detach()
     for table in (_buffers, _current, _peak, _total, _peak_total):
@@ -184,13 +200,127 @@ def disable() -> None:
 
 def reset_peak() -> None:
     """Set every peak to what is held now."""
+    _meta.reset_peak()
     for rank, cur in _current.items():
         _peak[rank] = dict(cur)
         _peak_total[rank] = _total.get(rank, 0)
 
 
-def snapshot(rank: int) -> tuple:
-    """``(current by kind, peak by kind, peak total)`` of ``rank`` (zeros if unseen)."""
+def snapshot(rank: int, meta: bool = False) -> tuple:
+    """``(current by kind, peak by kind, peak total)`` of ``rank`` (zeros if unseen);
+    ``meta``: the figures of shape-only buffers."""
+    if meta:
+        return _meta.snapshot(rank)
     zeros = dict.fromkeys(KINDS, 0)
     return (dict(_current.get(rank, zeros)), dict(_peak.get(rank, zeros)),
             _peak_total.get(rank, 0))
+
+
+def meta_peaks() -> dict:
+    """Shape-only runs: ``{kind: int64 array over world ranks}`` of peak bytes per kind,
+    plus ``"total"`` (the peak of the sum, not the sum of peaks), ``"boxing"`` (peak of the
+    buffers boxing made, counted within ``activations``) and ``"current_<kind>"``."""
+    return _meta.peaks()
+
+
+class _MetaAccount:
+    """The figures of shape-only buffers: one int64 vector over world ranks per kind."""
+
+    KEYS = KINDS + ("boxing",)
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.buffers: dict = {}  # id(buffer) -> [kind, its sizes, finalizer]
+        self.clear()
+
+    def clear(self) -> None:
+        for entry in getattr(self, "buffers", {}).values():
+            entry[2].detach()
+        self.buffers = {}
+        self.size = 0
+        self.cur = {k: np.zeros(0, np.int64) for k in self.KEYS}
+        self.peak = {k: np.zeros(0, np.int64) for k in self.KEYS}
+        self.total = np.zeros(0, np.int64)
+        self.peak_total = np.zeros(0, np.int64)
+
+    def _grow(self, n: int) -> None:
+        if n <= self.size:
+            return
+        pad = lambda a: np.concatenate([a, np.zeros(n - a.size, np.int64)])  # noqa: E731
+        for table in (self.cur, self.peak):
+            for k in table:
+                table[k] = pad(table[k])
+        self.total, self.peak_total = pad(self.total), pad(self.peak_total)
+        self.size = n
+
+    def _add(self, buffer, kind: str, sign: int) -> None:
+        ranks = buffer.placement.ranks.reshape(-1)
+        nbytes = buffer.nbytes if isinstance(buffer.nbytes, int) else \
+            np.asarray(buffer.nbytes).reshape(-1)
+        self._grow(int(ranks.max()) + 1)
+        kinds = (kind, "boxing") if buffer.boxing and kind == DEFAULT_KIND else (kind,)
+        for k in kinds:
+            self.cur[k][ranks] += sign * nbytes
+            if sign > 0:
+                self.peak[k][ranks] = np.maximum(self.peak[k][ranks], self.cur[k][ranks])
+        self.total[ranks] += sign * nbytes
+        if sign > 0:
+            self.peak_total[ranks] = np.maximum(self.peak_total[ranks], self.total[ranks])
+
+    def _release(self, key: int) -> None:
+        entry = self.buffers.pop(key, None)
+        if entry is not None:
+            self._add(entry[1], entry[0], -1)
+
+    def track(self, buffer, kind: str) -> None:
+        key = id(buffer)
+        entry = self.buffers.get(key)
+        if entry is None:
+            # the finalizer must not hold the buffer: it keeps a stand-in of its size
+            stand_in = _Sized(buffer.placement, buffer.nbytes, buffer.boxing)
+            finalizer = weakref.finalize(buffer, self._release, key)
+            finalizer.atexit = False
+            self.buffers[key] = [kind, stand_in, finalizer]
+            self._add(stand_in, kind, 1)
+        elif entry[0] == DEFAULT_KIND and kind != DEFAULT_KIND:
+            self.tag(buffer, kind)
+
+    def tag(self, buffer, kind: str) -> None:
+        entry = self.buffers.get(id(buffer))
+        if entry is None or entry[0] == kind:
+            return
+        self._add(entry[1], entry[0], -1)
+        entry[0] = kind
+        self._add(entry[1], kind, 1)
+
+    def reset_peak(self) -> None:
+        for k in self.KEYS:
+            self.peak[k] = self.cur[k].copy()
+        self.peak_total = self.total.copy()
+
+    def snapshot(self, rank: int) -> tuple:
+        if rank >= self.size:
+            zeros = dict.fromkeys(KINDS, 0)
+            return dict(zeros), dict(zeros), 0
+        return ({k: int(self.cur[k][rank]) for k in KINDS},
+                {k: int(self.peak[k][rank]) for k in KINDS}, int(self.peak_total[rank]))
+
+    def peaks(self) -> dict:
+        out = {k: self.peak[k].copy() for k in self.KEYS}
+        out["total"] = self.peak_total.copy()
+        for k in self.KEYS:
+            out["current_" + k] = self.cur[k].copy()
+        out["current_total"] = self.total.copy()
+        return out
+
+
+class _Sized:
+    """What the accounting keeps of a shape-only buffer: its ranks and sizes."""
+
+    __slots__ = ("placement", "nbytes", "boxing")
+
+    def __init__(self, placement, nbytes, boxing) -> None:
+        self.placement, self.nbytes, self.boxing = placement, nbytes, boxing
+
+
+_meta = _MetaAccount()

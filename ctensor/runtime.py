@@ -29,8 +29,8 @@ from .comm.base import Communicator
 from .comm.simulated import SimulatedCommunicator
 from .sbp import ReduceOp
 
-__all__ = ["Mode", "World", "simulate", "rank", "world_size", "world", "set_default_dtype",
-           "get_default_dtype", "set_default_device", "default_device"]
+__all__ = ["Mode", "World", "simulate", "is_meta", "rank", "world_size", "world",
+           "set_default_dtype", "get_default_dtype", "set_default_device", "default_device"]
 
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 #: the launchers' names for a process's rank on its node (MPICH, Open MPI, Slurm)
@@ -56,9 +56,12 @@ class World:
     """A communicator plus the mode it was made for, and the one way the rest of the
     library exchanges metadata between ranks (:meth:`exchange`, :meth:`agree`)."""
 
-    def __init__(self, mode: Mode, comm: Communicator):
+    def __init__(self, mode: Mode, comm: Communicator, meta: bool = False):
         self.mode = mode
         self.comm = comm
+        #: shape-only: tensors are their layouts, kernels and data movement are skipped
+        #: (``ct.simulate(n, meta=True)``, see :mod:`ctensor.meta`)
+        self.meta = meta
         self.size = comm.size
         self.held_ranks = comm.held_ranks
         self._cuda_comm: Optional[Communicator] = None
@@ -114,6 +117,8 @@ class World:
         return self._cuda_comm
 
     def __repr__(self) -> str:
+        if self.meta:
+            return f"World(mode={self.mode.value}, size={self.size}, meta=True)"
         return f"World(mode={self.mode.value}, size={self.size}, held={list(self.held_ranks)})"
 
 
@@ -153,6 +158,11 @@ def world() -> World:
     return _stack[-1] if _stack else _base_world()
 
 
+def is_meta() -> bool:
+    """Whether the world in force is shape-only (``ct.simulate(n, meta=True)``)."""
+    return world().meta
+
+
 def rank() -> int:
     """This process's rank (0 in a simulation, which holds every rank)."""
     return world().held_ranks[0]
@@ -169,15 +179,24 @@ class simulate:
     >>> with ct.simulate(4):           # as a context manager
     ...     x = ct.ones(8, sbp=ct.sbp.split(0))
     >>> ct.simulate(4)                 # or, at a REPL, as a plain call (until ct.simulate.end())
+
+    ``meta=True`` runs the script shape-only (see :mod:`ctensor.meta`): tensors hold no
+    data, kernels are skipped and boxing only records its steps, so any world size costs
+    about what a small one does — to plan a big job's memory and communication:
+
+    >>> with ct.simulate(3072, meta=True):
+    ...     w = ct.zeros(25600, 25600, placement=mesh, sbp=ct.sbp.split(0))  # nothing allocated
     """
 
-    def __init__(self, world_size: int):
+    def __init__(self, world_size: int, meta: bool = False):
         if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
             raise TypeError(f"simulate: argument 'world_size' must be an int >= 1, got "
                             f"{world_size!r}")
         if world_size < 1:
             raise ValueError(f"simulate: argument 'world_size' must be >= 1, got {world_size}")
-        self.world = World(Mode.SIMULATION, SimulatedCommunicator(int(world_size)))
+        if not isinstance(meta, bool):
+            raise TypeError(f"simulate: argument 'meta' must be True or False, got {meta!r}")
+        self.world = World(Mode.SIMULATION, SimulatedCommunicator(int(world_size)), meta)
         _stack.append(self.world)
 
     def __enter__(self) -> World:
@@ -197,7 +216,7 @@ class simulate:
         _stack.clear()
 
     def __repr__(self) -> str:
-        return f"simulate({self.world.size})"
+        return f"simulate({self.world.size}{', meta=True' if self.world.meta else ''})"
 
 
 def set_default_dtype(dtype) -> None:

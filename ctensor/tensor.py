@@ -18,6 +18,7 @@ import numpy as np
 from . import autograd, memory
 from .arrays import is_host
 from .layout import Layout
+from .meta import MetaBuffer, no_values
 from .placement import Placement
 from .registry import OPS
 from .runtime import Mode, world
@@ -131,8 +132,19 @@ class Tensor:
         return self.shape[0]
 
     # ----------------------------------------------------------------- shards
+    @property
+    def is_meta(self) -> bool:
+        """Whether this tensor is shape-only (made in ``ct.simulate(n, meta=True)``): its
+        layout without data."""
+        return type(self._shards) is MetaBuffer
+
+    def _values(self, fn: str) -> None:
+        if type(self._shards) is MetaBuffer:
+            raise no_values(fn)
+
     def local_shards(self) -> dict:
         """``{rank: array}`` for the ranks of the placement that this process holds."""
+        self._values("local_shards")
         return dict(self._shards)
 
     def to_local(self, rank: Optional[int] = None):
@@ -140,6 +152,7 @@ class Tensor:
 
         Returns ``None`` on a process that holds no rank of the placement.
         """
+        self._values("to_local")
         w = world()
         if rank is None:
             if len(w.held_ranks) > 1:
@@ -178,6 +191,7 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """A copy of the whole logical value as a NumPy array, on every rank of the world
         (collective: a tensor that is not broadcast over the world is gathered)."""
+        self._values("numpy")
         w = world()
         everyone = Placement(self.placement.device, list(range(w.size)))
         if set(self.placement.rank_list) == set(everyone.rank_list):
@@ -189,6 +203,7 @@ class Tensor:
 
     def item(self):
         """The value of a one-element tensor as a Python scalar (collective)."""
+        self._values("item")
         if self.numel() != 1:
             raise ValueError(f"item: the tensor has {self.numel()} elements (shape "
                              f"{self.shape}); only one-element tensors can be converted")
@@ -215,6 +230,8 @@ class Tensor:
         grad = ", requires_grad=True" if self.requires_grad else ""
         head = (f"tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
                 f"placement={self.placement!r}, sbp={format_sbp(self.sbp)}{grad}")
+        if type(self._shards) is MetaBuffer:
+            return head + ", meta)"
         if world().mode is not Mode.MPI and self.numel() <= 64 and self._shards:
             try:  # in one process the value is at hand without asking other processes
                 body = np.array2string(self.numpy(), separator=", ", prefix="       ")
@@ -292,7 +309,8 @@ class Tensor:
             raise TypeError(f"set_: argument 'source' must be a ct.Tensor, got "
                             f"{type(source).__name__}")
         self._layout = source._layout
-        self._shards = dict(source._shards)
+        self._shards = source._shards if type(source._shards) is MetaBuffer \
+            else dict(source._shards)
         self._version.value += 1
         if memory.tracking:
             memory.track(self)

@@ -102,6 +102,28 @@ class _Regather:
         return full
 
 
+class _Recast:
+    """What a mixed-precision module's saved-tensor hook keeps of a parameter's half copy:
+    the parameter, cast again when a backward reads it (so a micro-batch in flight does not
+    hold a half copy of every weight; one recast per backward, shared while alive)."""
+
+    __slots__ = ("param", "dtype", "cache")
+
+    def __init__(self, param, dtype):
+        self.param, self.dtype, self.cache = param, dtype, None
+
+    def get(self):
+        half = self.cache() if self.cache is not None else None
+        if half is None:
+            # a differentiable cast of the parameter, as in the forward, so that the ops of
+            # the backward keep it where the parameter was laid out (a cast of a parameter
+            # is pinned like it); nothing differentiates through it
+            with ct.enable_grad():
+                half = self.param.to(self.dtype)
+            self.cache = weakref.ref(half)
+        return half
+
+
 class _Unit:
     """The hooks of one module that owns parameters: cast (mixed precision) and gather
     (fully sharded) each parameter for the forward, free the gathered copies after it."""
@@ -112,6 +134,7 @@ class _Unit:
         self.dtype: Optional[np.dtype] = None
         self.full_sbp: dict = {}  # parameter name -> its gathered SBP (sharded ones only)
         self.gathered: dict = {}  # parameter name -> (gathered tensor, its source)
+        self.casts: dict = {}  # parameter name -> (half copy, parameter), not gathered ones
         self.hooks = None  # the saved_tensors_hooks context of the running forward
         module.register_forward_pre_hook(self.before)
         module.register_forward_hook(self.after)
@@ -121,7 +144,7 @@ class _Unit:
                 ct.is_grad_enabled() and not utils.is_recomputing())
 
     def before(self, module, args):
-        overrides, self.gathered = {}, {}
+        overrides, self.gathered, self.casts = {}, {}, {}
         for name, p in module._parameters.items():
             t = p
             if self.dtype is not None and p.dtype.kind == "f" and p.dtype != self.dtype:
@@ -130,9 +153,11 @@ class _Unit:
             if full is not None:
                 source, t = t, _Gather.apply(t, full)
                 self.gathered[name] = (t, source)
+            elif t is not p:
+                self.casts[name] = (t, p)
             overrides[name] = t
         object.__setattr__(module, "_param_overrides", overrides)
-        if self.gathered and self._zero3():
+        if (self.gathered and self._zero3()) or (self.casts and ct.is_grad_enabled()):
             self.hooks = ct.autograd.saved_tensors_hooks(*self._saved_hooks())
             self.hooks.__enter__()
         if self.dtype is not None and any(isinstance(a, ct.Tensor) and a.dtype.kind == "f"
@@ -148,7 +173,7 @@ class _Unit:
             self.hooks.__exit__(None, None, None)
             self.hooks = None
         object.__setattr__(module, "_param_overrides", {})
-        gathered, self.gathered = self.gathered, {}
+        gathered, self.gathered, self.casts = self.gathered, {}, {}
         if self._zero3():
             for t, _ in gathered.values():
                 t._shards = {}  # free the gathered copy; its graph node stays usable
@@ -162,9 +187,15 @@ class _Unit:
         # op's backward keeps them), and must not keep what they are meant to free
         gathered = [(weakref.ref(t), t._layout, {r: id(a) for r, a in t._shards.items()},
                      source, self.full_sbp[name])
-                    for name, (t, source) in self.gathered.items()]
+                    for name, (t, source) in self.gathered.items()] if self._zero3() else []
+        # a half copy is recognised by identity (weakly: the hooks must not keep it alive)
+        casts = {id(t): (weakref.ref(t), p) for t, p in self.casts.values()}
+        dtype = self.dtype
 
         def pack(t):
+            hit = casts.get(id(t))
+            if hit is not None and hit[0]() is t:
+                return _Recast(hit[1], dtype)
             for ref, layout, ids, source, full in gathered:
                 if t is ref() or (t._layout == layout and t._shards and all(
                         id(t._shards.get(r)) == i for r, i in ids.items())):
@@ -172,7 +203,7 @@ class _Unit:
             return outer[0](t) if outer is not None else t
 
         def unpack(obj):
-            if isinstance(obj, _Regather):
+            if isinstance(obj, (_Regather, _Recast)):
                 return obj.get()
             return outer[1](obj) if outer is not None else obj
 

@@ -40,7 +40,9 @@ class Parameter(ct.Tensor):
             raise ValueError(f"Parameter: requires_grad=True needs a floating dtype, got "
                              f"{data.dtype}")
         # a Parameter *is* a tensor: it adopts the layout and shards of ``data``
-        super().__init__(data._layout, data.local_shards(), requires_grad=requires_grad)
+        # (a shape-only tensor's shards are one buffer for every rank: adopted as it is)
+        shards = data._shards if data.is_meta else data.local_shards()
+        super().__init__(data._layout, shards, requires_grad=requires_grad)
 
     def _adopt(self, src: ct.Tensor) -> None:
         """Take ``src``'s layout and (copied) shards, keeping this object's identity."""

@@ -55,6 +55,9 @@ class CausalSelfAttention(Module):
         self.value = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
         self.proj = Linear(n_embd, n_embd, bias=bias, dtype=dtype)
         self.resid_dropout = Dropout(self.dropout)
+        #: selective recompute (Korthikanti et al. 2022): keep q, k, v for the backward and
+        #: recompute the attention core (scores, softmax, dropout, the weighted sum)
+        self.recompute_core = False
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
         if x.ndim != 3 or x.shape[-1] != self.n_embd:
@@ -67,8 +70,13 @@ class CausalSelfAttention(Module):
             return y.reshape(b, t, self.n_head, hd).transpose(1, 2)
 
         q, k, v = heads(self.query(x)), heads(self.key(x)), heads(self.value(x))
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        p = self.dropout if self.training else 0.0
+
+        def core(q, k, v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
+
+        y = checkpoint(core, q, k, v) if self.recompute_core and ct.is_grad_enabled() \
+            else core(q, k, v)
         y = y.transpose(1, 2).reshape(b, t, c)
         return self.resid_dropout(self.proj(y))
 
@@ -102,6 +110,8 @@ class Block(Module):
     ``recompute=True`` (or setting ``block.recompute``) runs the block under
     :func:`ctensor.nn.utils.checkpoint` while gradients are recorded: only its input is
     kept for the backward, which recomputes the rest (same values and gradients).
+    ``recompute="selective"`` recomputes only the attention core (its scores and softmax,
+    the largest activations: Korthikanti et al. 2022).
 
     >>> block = nn.Block(n_embd=16, n_head=2, recompute=True)
     """
@@ -109,14 +119,18 @@ class Block(Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
                  dtype=None, recompute: bool = False):
         super().__init__()
-        self.recompute = bool(recompute)
+        if recompute not in (False, True, "selective"):
+            raise ValueError(f"Block: argument 'recompute' must be False, True or "
+                             f"'selective', got {recompute!r}")
+        self.recompute = recompute
         self.ln_1 = LayerNorm(n_embd, dtype=dtype)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, dtype)
         self.ln_2 = LayerNorm(n_embd, dtype=dtype)
         self.mlp = MLP(n_embd, dropout, bias, dtype=dtype)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
-        if self.recompute and ct.is_grad_enabled():
+        self.attn.recompute_core = self.recompute == "selective"
+        if self.recompute is True and ct.is_grad_enabled():
             return checkpoint(self._forward, x)
         return self._forward(x)
 
@@ -193,11 +207,14 @@ class GPT(Module):
                 f"n_layer={self.n_layer}, tie_weights={self.tie_weights}")
 
     @property
-    def recompute(self) -> bool:
-        """Whether every block is checkpointed; assign to switch (``model.recompute = True``)."""
-        return all(b.recompute for b in self.blocks)
+    def recompute(self):
+        """Whether every block is checkpointed (``True``), only its attention core
+        (``"selective"``) or neither; assign to switch (``model.recompute = True``)."""
+        kinds = {b.recompute for b in self.blocks}
+        return kinds.pop() if len(kinds) == 1 else False
 
     @recompute.setter
-    def recompute(self, value: bool) -> None:
+    def recompute(self, value) -> None:
+        value = value if value == "selective" else bool(value)
         for b in self.blocks:
-            b.recompute = bool(value)
+            b.recompute = value

@@ -154,7 +154,7 @@ def adapt(script: Path, options: list, tmp_path: Path) -> tuple:
         if word in OUTPUTS:
             outputs[word] = options[i + 1] = str(tmp_path / Path(options[i + 1]).name)
     rel = script.relative_to(ROOT).as_posix()
-    if rel.startswith("benchmarks/"):
+    if rel.startswith("benchmarks/") or rel == "examples/gpt/plan.py":
         options.append("--quick")
     elif rel == "examples/gpt/train.py":
         tiny = list(TINY_GPT)

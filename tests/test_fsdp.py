@@ -106,8 +106,10 @@ def test_comm_log_gathers_and_bucketed_reduce_scatter(reshard):
     gathers = [e for e in forward if e.op == "to_global" and e.collective == "all_gather"]
     assert len(gathers) == len(sharded) and all(e.mesh_axis == 0 for e in gathers)
     regathers = [e for e in backward if e.op == "to_global" and e.collective == "all_gather"]
-    if reshard:  # ZeRO-3 gathers again in the backward
-        assert len(regathers) >= len([n for n in sharded if "weight" in n and "ln" not in n])
+    if reshard:  # ZeRO-3 gathers again in the backward: the parameters a backward reads
+        shapes = {tuple(p.shape) for n, p in model.named_parameters() if n in sharded}
+        assert regathers and all(tuple(e.shape) in shapes for e in regathers)
+        assert len(regathers) >= len([n for n in sharded if "mlp" in n and "weight" in n])
     else:
         assert not regathers
     scatters = [e for e in backward if e.op == "grad_sync" and e.collective == "reduce_scatter"]

@@ -102,8 +102,9 @@ def _sub_bw(ctx, g):
 
 
 def _mul_bw(ctx, g):
-    a, b = ctx.inputs
-    return sum_to(g * b, a.shape), sum_to(g * a, b.shape)
+    a, b = ctx.inputs  # (only the operands a needed gradient reads are kept: see mul)
+    return (sum_to(g * b, a.shape) if ctx.needs_grad(0) else None,
+            sum_to(g * a, b.shape) if ctx.needs_grad(1) else None)
 
 
 def _div_bw(ctx, g):
@@ -134,8 +135,11 @@ add = _binary("add", lambda xp, a, b: xp.add(a, b), _add_bw, partial=[(P, P)],
               saves=())
 sub = _binary("sub", lambda xp, a, b: xp.subtract(a, b), _sub_bw, partial=[(P, P)],
               saves=())
+# d(a b)/da reads b and d(a b)/db reads a: keep only what a needed gradient reads (a
+# dropout's or a scale's constant factor needs none, so the product's other operand is freed)
 mul = _binary("mul", lambda xp, a, b: xp.multiply(a, b), _mul_bw, partial=[(P, B), (B, P)],
-              saves=(0, 1))
+              saves=lambda grads, layouts: ((1,) if grads & 1 else ()) +
+              ((0,) if grads & 2 else ()))
 div = _binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P, B)],
               kind="float")
 pow = _binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001

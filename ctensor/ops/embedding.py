@@ -94,7 +94,7 @@ def _grad_weight_signatures(layouts):
     return transposed_signatures(_signatures((ids, weight)), wrt=1, order=(0, "g", 1))
 
 
-@defop(kernel=_kernel, meta=_meta, signatures=_signatures, needs_ctx=True,
+@defop(kernel=_kernel, meta=_meta, signatures=_signatures, needs_ctx=True, saves=(0, 1),
        backward=lambda ctx, g: (None, ctx.op.grads["grad_weight"](ctx.inputs[0], g,
                                                                   ctx.inputs[1])))
 def embedding(op, input, weight):  # noqa: A002 - PyTorch's name

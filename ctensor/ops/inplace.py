@@ -22,6 +22,7 @@ import numpy as np
 
 from .. import autograd
 from ..dispatch import as_tensor
+from ..meta import MetaBuffer
 from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import defop
@@ -55,13 +56,8 @@ def write(opname: str, x: Tensor, result: Tensor) -> Tensor:
         value = OPS.to_global(result, x.placement, x.sbp)
         if value.dtype != x.dtype:
             value = OPS.to(value, x.dtype)
-    for rank, arr in x._shards.items():
-        src = value._shards[rank]
-        if src is arr:
-            continue
-        if isinstance(arr, np.ndarray) and not arr.flags.writeable:
-            arr = x._shards[rank] = arr.copy()  # never write into shared read-only shards
-        arr[...] = src
+    if type(x._shards) is not MetaBuffer:  # (shape-only: nothing to write)
+        _write_shards(x, value)
     x._version.value += 1
     if tracked:  # the gradient of x now flows through the in-place op
         x._node, x._out_index = result._node, result._out_index
@@ -71,12 +67,24 @@ def write(opname: str, x: Tensor, result: Tensor) -> Tensor:
     return x
 
 
+def _write_shards(x: Tensor, value: Tensor) -> None:
+    for rank, arr in x._shards.items():
+        src = value._shards[rank]
+        if src is arr:
+            continue
+        if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+            arr = x._shards[rank] = arr.copy()  # never write into shared read-only shards
+        arr[...] = src
+
+
 def _earlier(x: Tensor) -> Tensor:
     """A copy of ``x`` in ``x``'s place in the graph, for an in-place op that autograd
     records: the op computes from the copy, so its backward reads the values from before
     the write whatever it saved (boxing may save views of its input)."""
-    alias = Tensor(x._layout, {r: a.copy() for r, a in x._shards.items()},
-                   requires_grad=x.requires_grad)
+    shards = x._shards
+    shards = MetaBuffer(shards.placement, shards.nbytes) if type(shards) is MetaBuffer \
+        else {r: a.copy() for r, a in shards.items()}
+    alias = Tensor(x._layout, shards, requires_grad=x.requires_grad)
     alias._node, alias._out_index = x._node, x._out_index
     return alias
 

@@ -151,7 +151,7 @@ def _backward(ctx, g):
         ga = matmul_t(g2, b2, False, not tb) if not ta else matmul_t(b2, g2, tb, True)
         ga = sum_to(ga, a2.shape)
     # dB' = A'^T @ G; if B was transposed, dB = dB'^T = G^T @ A'
-    if b2.ndim == 2 and a2.ndim > 2 and not ta:
+    if b2.ndim == 2 and a2.ndim > 2 and not ta and ctx.needs_grad(1):
         # a matrix applied to a batch (a linear layer): contract the batch dims inside one
         # product, (batch*m, k)^T @ (batch*m, n), instead of a batch of products then a sum
         a2 = OPS.reshape(a2, -1, a2.shape[-1])
@@ -175,8 +175,16 @@ def _flops(in_shapes, out_shapes, transpose_a: bool = False, transpose_b: bool =
 
 
 # ----------------------------------------------------------------------------- public
+def _saves(grads: int, layouts: tuple) -> tuple:
+    """dA reads B and dB reads A (not the product): keep what a needed gradient reads (both
+    for a 1-D operand, which the backward reshapes)."""
+    if any(len(l.shape) == 1 for l in layouts):
+        return (0, 1)
+    return ((1,) if grads & 1 else ()) + ((0,) if grads & 2 else ())
+
+
 @defop(kernel=_kernel, meta=_meta, signatures=_signatures, backward=_backward, flops=_flops,
-       method=True, forwards=True)
+       method=True, saves=_saves, forwards=True)
 def matmul(op, a, b):
     """Matrix product with NumPy/PyTorch semantics (``a @ b``): 1-D operands are vectors,
     leading (batch) dims broadcast.

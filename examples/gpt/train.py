@@ -120,10 +120,18 @@ class StageModule(nn.Module):
         if is_last:
             self.ln_f, self.lm_head = gpt.ln_f, gpt.lm_head
 
+    #: with full activation recompute the embeddings are recomputed too (their output, its
+    #: dropout mask and the reduced vocabulary-parallel lookup are not kept: only the ids)
+    recompute_embeddings = False
+
+    def _embed(self, x):
+        pos = ct.arange(x.shape[1], placement=x.placement)
+        return self.drop(self.wte(x) + self.wpe(pos))
+
     def forward(self, x):
         if self.is_first:
-            pos = ct.arange(x.shape[1], placement=x.placement)
-            x = self.drop(self.wte(x) + self.wpe(pos))
+            x = nn.utils.checkpoint(self._embed, x) if self.recompute_embeddings and \
+                ct.is_grad_enabled() else self._embed(x)
         for block in self.blocks:
             x = block(x)
         if self.is_last:
@@ -401,6 +409,7 @@ class MemoryOptions:
         if a.recompute:
             gpt.recompute = True
         for st in stages:
+            st.module.recompute_embeddings = bool(a.recompute)
             if a.fsdp:
                 nn.fully_shard(st.module, st.placement, dp_axis=0,
                                reshard_after_forward=a.fsdp == "zero3")

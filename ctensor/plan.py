@@ -1,0 +1,388 @@
+"""Plan a training step without running it: memory, communication and predicted step time.
+
+A plan reads what a shape-only run (``ct.simulate(n, meta=True)``, see :mod:`ctensor.meta`)
+recorded — the kernels and communication steps of :func:`record`'s traces and the bytes of
+``ct.debug.track_memory`` — and prices them on a :class:`Device`:
+
+* **compute**: each kernel's time on its largest shard is ``max(flops / peak, bytes /
+  memory_bandwidth) / EFFICIENCY`` (``peak``: the device's half-precision peak for float16
+  kernels, its float32 peak otherwise). :data:`EFFICIENCY` is one constant for every op,
+  model and device. By default (``fused=True``) kernels that declare no FLOPs
+  (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their neighbours,
+  as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing — except the
+  softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth; ``fused=False``
+  charges every memory-bound kernel;
+* **communication**: an alpha-beta model per collective: ``latency + sent / bandwidth``
+  (ring algorithms: an all-reduce sends ``2 (k-1)/k`` of its buffer, the others ``(k-1)/k``,
+  a transfer its bytes), with the device's NVLink bandwidth when the whole group sits on
+  one node (``gpus_per_node`` consecutive ranks) and otherwise its per-GPU network
+  bandwidth times the group's ranks per node (NCCL runs one ring per NIC), at most NVLink's;
+* **pipeline**: one micro-batch is traced; the schedule (the event order of
+  ``nn.pipeline.schedule``) is replayed with each stage's forward and backward times, so
+  the bubble is what the schedule leaves idle; the gradient reduction (``grad_sync``) and
+  the optimizer step run once per step after the last backward (not overlapped);
+* **memory** per rank: parameters, gradients and optimizer states as held after the step,
+  plus the activations one micro-batch keeps from its forward to its backward times the
+  micro-batches the schedule keeps in flight on the rank's stage (1F1B: ``stages - s``;
+  GPipe: all), plus the transient peak of one micro-batch's forward and backward. Buffers
+  made by boxing are reported too (they are part of the activations).
+
+>>> with ct.simulate(8, meta=True), ct.plan.record() as trace:
+...     y = x @ w                      # shapes only
+>>> ct.plan.op_seconds(trace, ct.plan.device("a100-80gb"))
+"""
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .placement import Placement
+from .trace import CommWork, Trace
+
+__all__ = ["EFFICIENCY", "OWN_KERNELS", "Device", "devices", "device", "load_devices", "record",
+           "op_seconds", "comm_seconds", "is_intra_node", "replay", "StepReport",
+           "step_report"]
+
+#: the fraction of a device's peak (FLOP/s and memory bandwidth) a kernel achieves, the
+#: same for every op, model and device; fixed once (2026-12) as a round figure between the
+#: ~0.45 of large GEMMs' peak a training step of Megatron-LM sustains end to end and the
+#: ~0.8 cuBLAS reaches on one large GEMM, and not tuned per configuration
+EFFICIENCY = 0.6
+
+#: memory-bound kernels that run on their own even when the rest fuse: a softmax reduces
+#: along rows of a matmul's output (attention's ``s x s`` scores, the loss's logits), so it
+#: cannot fuse into that matmul; Megatron-LM runs it as one fused scale-mask-softmax kernel
+#: (and one for its gradient), reading and writing the scores once each
+OWN_KERNELS = ("softmax",)
+
+_DEVICE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devices.toml")
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator as the plan prices it (fields as in ``ctensor/devices.toml``)."""
+
+    name: str
+    peak_flops: float
+    peak_flops_fp32: float
+    memory_bytes: int
+    memory_bandwidth: float
+    intra_bandwidth: float
+    inter_bandwidth: float
+    intra_latency: float
+    inter_latency: float
+
+
+_devices: dict = {}
+
+
+def load_devices(path: str = _DEVICE_FILE) -> dict:
+    """Read device descriptions from a TOML file (one table per device, keys as in
+    :class:`Device`) and add them to :func:`devices`; returns them by name.
+
+    >>> ct.plan.load_devices("my_cluster.toml")["my-gpu"].peak_flops
+    """
+    with open(path, "rb") as f:
+        tables = tomllib.load(f)
+    names = [f.name for f in fields(Device) if f.name != "name"]
+    out = {}
+    for name, table in tables.items():
+        missing = [k for k in names if k not in table]
+        unknown = [k for k in table if k not in names]
+        if missing or unknown:
+            raise ValueError(f"load_devices: device {name!r} in {path}: missing keys "
+                             f"{missing}, unknown keys {unknown}; expected exactly {names}")
+        out[name] = Device(name, **{k: float(table[k]) for k in names})
+    _devices.update(out)
+    return out
+
+
+def devices() -> dict:
+    """The known devices by name (``ctensor/devices.toml`` plus any loaded later)."""
+    if not _devices:
+        load_devices()
+    return dict(_devices)
+
+
+def device(name: str) -> Device:
+    """The :class:`Device` named ``name`` (``"a100-80gb"``, ``"h100"``, ``"h200"``, ...)."""
+    known = devices()
+    if name not in known:
+        raise ValueError(f"plan.device: unknown device {name!r}; known: {sorted(known)} "
+                         f"(add one to ctensor/devices.toml or load_devices(path))")
+    return known[name]
+
+
+def record() -> Trace:
+    """A :class:`~ctensor.trace.Trace` of the kernels and communication run while it is
+    open (``with ct.plan.record() as trace: ...``)."""
+    return Trace()
+
+
+# ----------------------------------------------------------------------------- pricing
+def op_seconds(trace: Trace, dev: Device, efficiency: float = EFFICIENCY,
+               fused: bool = True) -> dict:
+    """``{placement: seconds}`` of the kernels in ``trace`` (each on its largest shard);
+    ``fused``: kernels without declared FLOPs (memory-bound) cost nothing, except the
+    softmax family (see :data:`OWN_KERNELS`)."""
+    out: dict = {}
+    for w in trace.ops.values():
+        if fused and not w.flops and not w.op.startswith(OWN_KERNELS):
+            continue
+        peak = dev.peak_flops if w.dtype.itemsize <= 2 else dev.peak_flops_fp32
+        seconds = max(w.flops / peak, w.nbytes / dev.memory_bandwidth) / efficiency
+        out[w.placement] = out.get(w.placement, 0.0) + seconds
+    return out
+
+
+_SENT = {"all_reduce": lambda k: 2.0 * (k - 1) / k, "all_gather": lambda k: (k - 1) / k,
+         "reduce_scatter": lambda k: (k - 1) / k, "all_to_all": lambda k: (k - 1) / k,
+         "send_recv": lambda k: 1.0}
+
+
+def is_intra_node(comm: CommWork, gpus_per_node: int) -> bool:
+    """Whether every group of ``comm`` stays inside one node of ``gpus_per_node``
+    consecutive ranks."""
+    nodes = comm.groups() // gpus_per_node
+    return bool((nodes == nodes[:, :1]).all()) if nodes.size else True
+
+
+def _ranks_per_node(comm: CommWork, gpus_per_node: int) -> int:
+    """How many ranks of one group share a node (the fewest over the group's nodes)."""
+    groups = comm.groups()
+    if not groups.size:
+        return 1
+    nodes = groups[0] // gpus_per_node
+    return int(np.unique(nodes, return_counts=True)[1].min())
+
+
+def comm_seconds(comm: CommWork, dev: Device, gpus_per_node: int) -> float:
+    """Seconds of one run of ``comm`` (alpha-beta, see the module docstring)."""
+    k = comm.group_size
+    if k <= 1:
+        return 0.0
+    intra = is_intra_node(comm, gpus_per_node)
+    if intra:
+        bandwidth, latency = dev.intra_bandwidth, dev.intra_latency
+    else:  # the group's m ranks on a node cross the network over m NICs (NCCL's rings)
+        bandwidth = min(dev.intra_bandwidth,
+                        dev.inter_bandwidth * _ranks_per_node(comm, gpus_per_node))
+        latency = dev.inter_latency
+    steps = 1 if comm.collective == "send_recv" else (k - 1) * \
+        (2 if comm.collective == "all_reduce" else 1)
+    return steps * latency + _SENT.get(comm.collective, _SENT["all_to_all"])(k) * \
+        comm.nbytes / bandwidth
+
+
+def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float]) -> tuple:
+    """Replay a pipeline schedule: ``order`` is the event list ``[("F"|"B", stage,
+    micro_batch), ...]`` (``nn.pipeline.schedule``), ``forward[s]``/``backward[s]`` one
+    micro-batch's seconds on stage ``s``. A forward waits for the previous stage's forward
+    of its micro-batch, a backward for the next stage's backward (the last stage: its own
+    forward); each stage runs one event at a time. Returns ``(seconds, in_flight)``:
+    when the last event ends, and per stage the most micro-batches between their forward
+    and their backward at once."""
+    n = len(forward)
+    free = [0.0] * n
+    done: dict = {}
+    alive, in_flight = [0] * n, [0] * n
+    for kind, s, m in order:
+        if kind == "F":
+            dep = done.get(("F", s - 1, m), 0.0)
+            alive[s] += 1
+            in_flight[s] = max(in_flight[s], alive[s])
+        else:
+            dep = done.get(("B", s + 1, m)) if s + 1 < n else done.get(("F", s, m), 0.0)
+            alive[s] -= 1
+        start = max(free[s], dep or 0.0)
+        free[s] = done[(kind, s, m)] = start + (forward[s] if kind == "F" else backward[s])
+    return max(free), in_flight
+
+
+# ----------------------------------------------------------------------------- the report
+def _gib(n: float) -> str:
+    return f"{n / 2 ** 30:.2f} GiB"
+
+
+@dataclass
+class StepReport:
+    """One planned training step (see :func:`step_report`). ``classes``: per class of
+    identical ranks a dict (``ranks``: how many, ``first``: the first, ``stage``, and bytes
+    ``parameters``, ``gradients``, ``optimizer``, ``activations``, ``boxing``, ``total``);
+    ``collectives``: per distinct communication step a dict (op and phase, collective,
+    group size, number of groups, bytes per rank, runs per group and step, whether every
+    group is inside a node, seconds per group and step); times in seconds."""
+
+    device: Device
+    world_size: int
+    gpus_per_node: int
+    micro_batches: int
+    schedule: str
+    stage_forward: list
+    stage_backward: list
+    in_flight: list
+    pipeline_seconds: float
+    sync_seconds: float
+    update_seconds: float
+    step_seconds: float
+    bubble_fraction: float
+    classes: list
+    collectives: list
+    model_flops: Optional[float] = None
+
+    @property
+    def fits(self) -> bool:
+        """Whether every rank's peak fits in the device's memory."""
+        return all(c["total"] <= self.device.memory_bytes for c in self.classes)
+
+    @property
+    def worst(self) -> dict:
+        """The class of ranks with the largest peak."""
+        return max(self.classes, key=lambda c: c["total"])
+
+    @property
+    def tflops_per_gpu(self) -> Optional[float]:
+        """``model_flops / (step_seconds * world_size)`` in teraFLOP/s (None without
+        ``model_flops``)."""
+        if not self.model_flops:
+            return None
+        return self.model_flops / (self.step_seconds * self.world_size) / 1e12
+
+    def verdict(self) -> str:
+        """``fits`` or ``does not fit: rank R (stage s) needs X > Y: ...``."""
+        w = self.worst
+        if self.fits:
+            return (f"fits: the fullest rank ({w['first']}, stage {w['stage']}) peaks at "
+                    f"{_gib(w['total'])} of {_gib(self.device.memory_bytes)}")
+        parts = ", ".join(f"{k} {_gib(w[k])}" for k in
+                          ("parameters", "gradients", "optimizer", "activations"))
+        return (f"does not fit: rank {w['first']} (stage {w['stage']}, {w['ranks']} ranks "
+                f"alike) needs {_gib(w['total'])} > {_gib(self.device.memory_bytes)} of "
+                f"{self.device.name}: {parts} ({self.in_flight[w['stage']]} micro-batches' "
+                f"activations in flight)")
+
+    def __str__(self) -> str:
+        lines = [f"plan of one step on {self.world_size} x {self.device.name} "
+                 f"({self.gpus_per_node} per node), {self.micro_batches} micro-batches, "
+                 f"{self.schedule}"]
+        lines.append("peak memory per class of ranks:")
+        lines.append(f"  {'ranks':>6} {'first':>6} {'stage':>5} {'params':>10} {'grads':>10} "
+                     f"{'optim':>10} {'activ':>10} {'boxing':>10} {'total':>10}")
+        for c in self.classes:
+            lines.append(f"  {c['ranks']:>6} {c['first']:>6} {c['stage']:>5} " + " ".join(
+                f"{c[k] / 2 ** 30:>10.2f}" for k in ("parameters", "gradients", "optimizer",
+                                                     "activations", "boxing", "total"))
+                         + "  GiB")
+        lines.append("collectives per step:")
+        lines.append(f"  {'op':<22} {'collective':<15} {'group':>5} {'groups':>6} "
+                     f"{'MiB/rank':>10} {'runs':>6} {'where':<6} {'seconds':>9}")
+        for c in self.collectives:
+            lines.append(f"  {c['op'][:22]:<22} {c['collective']:<15} {c['group_size']:>5} "
+                         f"{c['groups']:>6} {c['nbytes'] / 2 ** 20:>10.2f} {c['runs']:>6} "
+                         f"{'intra' if c['intra'] else 'inter':<6} {c['seconds']:>9.4f}")
+        slow = int(np.argmax(np.add(self.stage_forward, self.stage_backward)))
+        lines.append(f"time: pipeline {self.pipeline_seconds:.3f} s (bubble "
+                     f"{100 * self.bubble_fraction:.1f}%; slowest stage {slow}: forward "
+                     f"{self.stage_forward[slow] * 1e3:.2f} ms, backward "
+                     f"{self.stage_backward[slow] * 1e3:.2f} ms per micro-batch), gradient "
+                     f"sync {self.sync_seconds:.3f} s, optimizer {self.update_seconds:.3f} s"
+                     f" -> step {self.step_seconds:.3f} s")
+        if self.model_flops:
+            lines.append(f"throughput: {self.tflops_per_gpu:.1f} model TFLOP/s per GPU "
+                         f"({100 * self.tflops_per_gpu * 1e12 / self.device.peak_flops:.1f}% "
+                         f"of peak)")
+        lines.append(self.verdict())
+        return "\n".join(lines)
+
+
+def _stage_of(stages: Sequence[Placement], world_size: int) -> np.ndarray:
+    table = np.full(world_size, -1, dtype=np.int64)
+    for s, p in enumerate(stages):
+        table[p.ranks.reshape(-1)] = s
+    return table
+
+
+def _per_stage(seconds: dict, comms: list, stage_of, n: int, dev, gpn, skip=()) -> list:
+    out = [0.0] * n
+    for placement, t in seconds.items():
+        out[stage_of[placement.rank_list[0]]] += t
+    for c in comms:
+        if c.op not in skip:
+            out[stage_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpn) * c.count
+    return out
+
+
+def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
+                update: Trace, memory: dict, order: Sequence, micro_batches: int,
+                schedule: str, dev: Device, gpus_per_node: int, world_size: int,
+                model_flops: Optional[float] = None,
+                efficiency: float = EFFICIENCY, fused: bool = True) -> StepReport:
+    """Price one step from the traces of one micro-batch's ``forward`` and ``backward``
+    (its ``grad_sync`` reductions run once per step) and of the optimizer ``update``.
+    ``memory``: int64 vectors over ranks — ``parameters``, ``gradients``, ``optimizer``
+    (held after the step), ``saved`` (activations one micro-batch keeps for its backward),
+    ``transient`` (the peak of one micro-batch's forward and backward above what it
+    started with), ``boxing`` (peak bytes of buffers boxing made). ``order``: the
+    schedule's events; ``model_flops``: the step's model FLOPs (for TFLOP/s)."""
+    n = len(stages)
+    stage_of = _stage_of(stages, world_size)
+    fwd_comms = list(forward.comms.values())
+    bwd_comms = list(backward.comms.values())
+    t_f = _per_stage(op_seconds(forward, dev, efficiency, fused), fwd_comms, stage_of, n, dev,
+                     gpus_per_node)
+    t_b = _per_stage(op_seconds(backward, dev, efficiency, fused), bwd_comms, stage_of, n, dev,
+                     gpus_per_node, skip=("grad_sync",))
+    pipeline, in_flight = replay(order, t_f, t_b)
+    sync = [0.0] * n
+    for c in bwd_comms:
+        if c.op == "grad_sync":
+            sync[stage_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpus_per_node) \
+                * c.count
+    upd = _per_stage(op_seconds(update, dev, efficiency, False), list(update.comms.values()),
+                     stage_of, n, dev, gpus_per_node)
+    tail = [a + b for a, b in zip(sync, upd)]
+    slowest = int(np.argmax(tail))
+    step = pipeline + tail[slowest]
+    busy = micro_batches * max(f + b for f, b in zip(t_f, t_b))
+    bubble = max(0.0, 1.0 - busy / pipeline) if pipeline else 0.0
+
+    # memory per rank, then classes of identical ranks
+    memory = {k: np.pad(np.asarray(v, np.int64)[:world_size],
+                        (0, max(0, world_size - np.size(v)))) for k, v in memory.items()}
+    in_flight_rank = np.asarray(in_flight, dtype=np.int64)[np.maximum(stage_of, 0)]
+    act = memory["saved"] * np.maximum(in_flight_rank - 1, 0) + memory["transient"]
+    static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
+    rows = np.stack([stage_of, memory["parameters"], memory["gradients"], memory["optimizer"],
+                     act, memory["boxing"], static + act], axis=1)
+    unique, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    classes = [dict(ranks=int(c), first=int(i), stage=int(u[0]), parameters=int(u[1]),
+                    gradients=int(u[2]), optimizer=int(u[3]), activations=int(u[4]),
+                    boxing=int(u[5]), total=int(u[6]))
+               for u, i, c in sorted(zip(unique, first, counts), key=lambda z: z[1])]
+
+    # identical steps on different stages (other placements, the same groups' shape and
+    # bytes) are one row: their groups add up, each group runs them ``runs`` times a step
+    merged: dict = {}
+    for phase, comms, per in (("forward", fwd_comms, micro_batches),
+                              ("backward", bwd_comms, micro_batches),
+                              ("update", list(update.comms.values()), 1)):
+        for c in comms:
+            runs = c.count * (1 if c.op == "grad_sync" else per)
+            intra = is_intra_node(c, gpus_per_node)
+            key = (f"{c.op} ({phase})", c.collective, c.group_size, c.nbytes, intra)
+            row = merged.get(key)
+            if row is None:
+                row = merged[key] = dict(op=key[0], collective=c.collective,
+                                         group_size=c.group_size, groups=0, nbytes=c.nbytes,
+                                         runs=0, intra=intra, seconds=0.0)
+            row["groups"] += len(c.groups())
+            row["runs"] = max(row["runs"], runs)
+            row["seconds"] = max(row["seconds"], comm_seconds(c, dev, gpus_per_node) * runs)
+    collectives = list(merged.values())
+    return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
+                      in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
+                      classes, collectives, model_flops)

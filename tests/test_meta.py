@@ -1,0 +1,170 @@
+"""Shape-only worlds (``ct.simulate(n, meta=True)``) and plans (``ct.plan``): a meta run
+makes the layouts, communication and memory of a real run; a plan prices them.
+
+Simulation only: a shape-only world is a simulation (under mpiexec these tests skip).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+import ctensor.nn as nn
+import ctensor.optim as optim
+from ctensor import runtime
+
+pytestmark = pytest.mark.skipif(runtime.launched_by_mpi(),
+                                reason="shape-only worlds are simulations")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
+
+
+def _step(meta: bool, recompute=False):
+    """One training step of a small tensor x data parallel GPT: its comm log, parameter
+    layouts and count, output layout and per-rank peak bytes (with the cycle collector
+    paused, so that when it runs does not move a peak)."""
+    gc.collect()
+    gc.disable()
+    try:
+        return _measured_step(meta, recompute)
+    finally:
+        gc.enable()
+
+
+def _measured_step(meta: bool, recompute: bool):
+    with ct.simulate(4, meta=meta), ct.debug.track_memory():
+        ct.manual_seed(0)
+        mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+        gpt = nn.GPT(64, 16, 2, 4, 32, dropout=0.1, tie_weights=False, recompute=recompute)
+        gpt.to_global(mesh, nn.parallel.hybrid_parallel_rules(gpt, 2, tp_axis=1))
+        opt = optim.AdamW(gpt.parameters(), lr=1e-3)
+        x = ct.zeros(4, 16, dtype=ct.int64, placement=mesh,
+                     sbp=(ct.sbp.split(0), ct.sbp.broadcast))
+        ct.debug.reset_peak_memory()
+        with ct.debug.comm_log() as log:
+            logits, loss = gpt(x, x)
+            loss.backward()
+            opt.step()
+        events = [(e.op, e.collective, e.nbytes, e.mesh_axis, e.shape, e.src, e.dst)
+                  for e in log]
+        layouts = {n: (p.shape, p.sbp, p.placement) for n, p in gpt.named_parameters()}
+        count = sum(p.numel() for p in gpt.parameters())
+        peaks = [ct.debug.memory(r).peak_total for r in range(4)]
+        kinds = [ct.debug.memory(r).peak for r in range(4)]
+        return events, layouts, count, (logits.shape, logits.sbp), peaks, kinds
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_meta_run_makes_the_real_runs_choices(recompute):
+    real, meta = _step(False, recompute), _step(True, recompute)
+    assert meta[0] == real[0]  # every collective: op, kind, bytes, mesh axis, shape, SBPs
+    assert meta[1] == real[1] and meta[2] == real[2] and meta[3] == real[3]
+    for r in range(4):
+        for kind in ("parameters", "gradients", "optimizer"):
+            assert meta[5][r][kind] == real[5][r][kind]
+
+
+def test_meta_memory_matches_the_real_runs_shard_bytes():
+    # in a fresh process: a long-lived one's accounting of real shards can be a few per
+    # cent off (buffers are told apart by address, and addresses are reused)
+    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_meta as t; "
+            "print(json.dumps([[t._step(m, r)[4] for m in (False, True)] "
+            "for r in (False, True)]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for real, meta in json.loads(proc.stdout.splitlines()[-1]):
+        for r in range(4):  # peak bytes of shards per rank, activations included
+            assert abs(meta[r] - real[r]) <= 0.03 * real[r], (r, meta, real)
+
+
+def test_meta_tensor_is_its_layout():
+    with ct.simulate(3072, meta=True):
+        mesh = ct.placement("cpu", np.arange(3072).reshape(6, 8, 64).tolist())
+        w = ct.zeros(25600, 25600, placement=mesh,
+                     sbp=(ct.sbp.broadcast, ct.sbp.split(0), ct.sbp.broadcast))
+        assert w.is_meta and type(w._shards) is ct.meta.MetaBuffer
+        assert w._shards.nbytes == 25600 * 3200 * 4  # one figure for every rank
+        y = (w * 2).sum(dim=0)
+        assert y.shape == (25600,) and y.is_meta
+        for fn in (lambda: w.numpy(), lambda: y.sum().item(), lambda: w.to_local(0)):
+            with pytest.raises(ct.MetaModeError, match="shape-only"):
+                fn()
+        assert "meta" in repr(w)
+
+
+def test_uneven_shards_are_classes_of_ranks():
+    with ct.simulate(3, meta=True):
+        x = ct.zeros(10, placement=ct.placement("cpu", [0, 1, 2]), sbp=ct.sbp.split(0))
+        assert ct.meta.shape_classes(x._layout) == [((4,), 1, 0), ((3,), 2, 1)]
+        assert list(ct.meta.rank_bytes(x._layout)) == [16, 12, 12]
+
+
+def test_simulate_meta_rejects_a_non_bool():
+    with pytest.raises(TypeError, match="meta"):
+        ct.simulate(2, meta="yes")
+
+
+def test_replay_bubbles_and_in_flight():
+    from ctensor.nn.pipeline import schedule
+    for kind, alive in (("1f1b", [4, 3, 2, 1]), ("gpipe", [8, 8, 8, 8])):
+        seconds, in_flight = ct.plan.replay(schedule(4, 8, kind), [1.0] * 4, [2.0] * 4)
+        assert seconds == pytest.approx((8 + 3) * 3.0)  # (m + p - 1)(t_f + t_b)
+        assert in_flight == alive
+
+
+def test_devices_are_data(tmp_path):
+    assert {"a100-80gb", "h100", "h200"} <= set(ct.plan.devices())
+    assert ct.plan.device("a100-80gb").peak_flops == 312e12
+    path = tmp_path / "mine.toml"
+    path.write_text('["my-gpu"]\npeak_flops = 1e15\npeak_flops_fp32 = 5e14\n'
+                    'memory_bytes = 1e11\nmemory_bandwidth = 5e12\nintra_bandwidth = 9e11\n'
+                    'inter_bandwidth = 1e11\nintra_latency = 1e-6\ninter_latency = 2e-6\n')
+    assert ct.plan.load_devices(str(path))["my-gpu"].memory_bytes == 1e11
+    path.write_text('["bad"]\npeak_flops = 1\n')
+    with pytest.raises(ValueError, match="missing keys"):
+        ct.plan.load_devices(str(path))
+    with pytest.raises(ValueError, match="unknown device"):
+        ct.plan.device("tpu-v9")
+
+
+def _plan(args):
+    import plan
+    return plan.plan(plan.parse_args(args))
+
+
+def test_plan_schedule_recompute_and_nodes():
+    base = ("--dp 2 --tp 2 --pp 2 --layers 4 --hidden 256 --heads 8 --seq-len 128 "
+            "--vocab 1024 --global-batch 32 --micro-batches 8").split()
+    one, gpipe = _plan(base), _plan(base + ["--schedule", "gpipe"])
+    full = _plan(base + ["--recompute"])
+    act = lambda r: max(c["activations"] for c in r.classes)  # noqa: E731
+    assert act(gpipe) > act(one) > act(full)
+    assert one.in_flight == [2, 1] and gpipe.in_flight == [8, 8]
+    # tensor-parallel groups are 2 consecutive ranks: inside a node of 2, not of 1
+    tp = [c for c in one.collectives if c["group_size"] == 2 and c["collective"] != "send_recv"]
+    assert tp and all(c["intra"] for c in tp)
+    split = _plan(base + ["--gpus-per-node", "1"])
+    assert not any(c["intra"] for c in split.collectives if c["collective"] != "send_recv")
+    assert split.step_seconds > one.step_seconds
+    assert one.fits and "fits" in one.verdict()
+    tiny = _plan(base + ["--device", "v100-16gb", "--hidden", "4096", "--heads", "32"])
+    assert tiny.fits == (tiny.worst["total"] <= 16 * 2 ** 30)
+
+
+def test_plan_of_the_1t_model_on_3072_ranks():
+    report = _plan("--dp 6 --tp 8 --pp 64 --layers 128 --hidden 25600 --heads 160 --seq-len "
+                   "2048 --global-batch 3072 --micro-batches 512 --recompute "
+                   "--precision fp16".split())
+    assert sum(c["ranks"] for c in report.classes) == 3072
+    assert len(report.classes) < 100  # classes of identical ranks, not 3072 rows
+    per_gpu = report.classes[1]["parameters"] / 4  # float32 master weights
+    assert 1.6e9 < per_gpu < 2.2e9  # ~1T / (8 * 64) parameters per rank
+    assert report.step_seconds > 0 and report.tflops_per_gpu > 0
