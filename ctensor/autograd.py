@@ -180,13 +180,17 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
 def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
     """:func:`record` for a caller that knows grad mode is on and some input (all of them
     tensors) requires grad (dispatch: the hot path)."""
-    node = Node(name, [(t if t._node is None else Edge(t)) if t.requires_grad else None
-                       for t in inputs], backward_fn, len(outputs))
-    for i, out in enumerate(outputs):
-        if out.dtype.kind in "fc":
+    edges = []
+    for t in inputs:
+        edges.append(None if not t.requires_grad else t if t._node is None else Edge(t))
+    node = Node(name, edges, backward_fn, len(outputs))
+    i = 0
+    for out in outputs:
+        if out._layout.dtype.kind in "fc":
             out.requires_grad = True
             out._node = node
             out._out_index = i
+        i += 1
 
 
 def _topological(roots) -> list:

@@ -69,7 +69,6 @@ P_ = Partial()
 _EPSILON = 1e-12  # seconds: what touching a layout costs at the least
 _SINGLE = (0,)
 _PAIR, _PAIR_SAME = (0, 1), (0, 0)
-_NEEDS: dict = {}  # (grads bits, inputs) -> BackwardContext.needs_input_grad
 #: an output left to be moved later may be moved once per consumer; moving it now once is
 #: preferred when the two otherwise tie
 _LATER = 1.01
@@ -329,7 +328,21 @@ class LayoutOnly:
         return f"LayoutOnly({self._layout!r})"
 
 
-@dataclass
+_layouts_only: dict = {}  # (layout, requires_grad) -> its LayoutOnly (they are immutable)
+
+
+def _layout_only(t: Tensor) -> LayoutOnly:
+    """The (shared) :class:`LayoutOnly` of ``t``'s layout."""
+    key = (t._layout, t.requires_grad)
+    kept = _layouts_only.get(key)
+    if kept is None:
+        if len(_layouts_only) > 65536:
+            _layouts_only.clear()
+        kept = _layouts_only[key] = LayoutOnly(t)
+    return kept
+
+
+@dataclass(slots=True)
 class BackwardContext:
     """Handed to an op's backward: the inputs as the kernel saw them (boxed), the
     (detached) outputs, the attributes, the OpDef (whose gradient kernels the backward may
@@ -618,13 +631,14 @@ class _Plan:
     the first run with data: a shape-only run never needs them)."""
 
     __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
-                 "moved", "verified", "unrolled")
+                 "moved", "verified", "unrolled", "recording")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
                  composite: bool):
         self.targets, self.out_layouts = targets, out_layouts
         self.composite = composite
         self.single = opdef.n_outputs == 1
+        self.recording = None  # what the tape keeps, once known (see _recording)
         # the common case apply() runs unrolled: one output, no context, one or two inputs
         self.unrolled = self.single and not opdef.needs_ctx and len(layouts) <= 2
         self.verified = False  # whether a run has checked the kernel's local shapes
@@ -751,6 +765,24 @@ def _casts_leaf(node) -> bool:
     return src is not None and src._node is None
 
 
+def _recording(plan: _Plan, opdef: OpDef, grads: int, layouts: tuple) -> tuple:
+    """What the tape keeps for a plan's backward, worked out once per plan (the plan's key
+    holds which inputs need a gradient): per input whether its values are kept (``None``:
+    all are), whether the outputs are, ``needs_input_grad``, and the inputs whose in-place
+    write counts are watched."""
+    n = len(layouts)
+    saves = opdef.saves
+    if callable(saves):  # what is read depends on which inputs need a gradient
+        saves = saves(grads, layouts)
+    keep = None if saves is None else tuple(i in saves for i in range(n))
+    keep_out = saves is None or "outputs" in saves
+    needs = tuple(bool(grads >> i & 1) for i in range(n))
+    watch = tuple(range(n)) if saves is None else \
+        tuple(i for i in saves if type(i) is int and i < n)
+    plan.recording = (keep, keep_out, needs, watch)
+    return plan.recording
+
+
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
@@ -811,7 +843,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     if type(boxed[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
         outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, key)
     else:
-        xp, kernel, shapes = plan.xp, opdef.kernel, plan.shapes
+        xp, kernel = plan.xp, opdef.kernel
         try:
             if plan.unrolled:
                 # (the common case, unrolled: one output, no context, one or two inputs)
@@ -823,8 +855,9 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                     arr = kernel(xp, a, **attrs) if second is None else \
                         kernel(xp, a, second[rank], **attrs)
                     if type(arr) is not np.ndarray or arr.dtype is not dtype or \
-                            (check and arr.shape != shapes[rank][0]):
-                        arr = _conform(opdef, arr, xp, rank, out_layouts[0], shapes[rank][0])
+                            (check and arr.shape != plan.shapes[rank][0]):
+                        arr = _conform(opdef, arr, xp, rank, out_layouts[0],
+                                       plan.shapes[rank][0])
                     result[rank] = arr
                 plan.verified = True
                 results = (result,)
@@ -839,7 +872,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                         out = kernel(xp, *arrays, **attrs)
                     if single:
                         out = (out,)
-                    expected = shapes[rank]
+                    expected = plan.shapes[rank]
                     for j, arr in enumerate(out):
                         results[j][rank] = _conform(opdef, arr, xp, rank, out_layouts[j],
                                                     expected[j])
@@ -858,29 +891,26 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # only what the backward reads the values of (``saves``) is kept: the other inputs
         # as their layouts, so an op's intermediate inputs are freed as soon as no later op
         # needs them (an add keeps neither operand alive)
-        saves = opdef.saves
-        if callable(saves):  # what is read depends on which inputs need a gradient
-            saves = saves(grads, layouts)
-        saved_out = tuple([o.detach() for o in outputs]) \
-            if saves is None or "outputs" in saves else ()
-        needs = _NEEDS.get((grads, n))
-        if needs is None:
-            needs = _NEEDS[grads, n] = tuple(bool(grads >> i & 1) for i in range(n))
-        kept_in = tuple(boxed) if saves is None else \
-            tuple([t if i in saves else LayoutOnly(t) for i, t in enumerate(boxed)])
+        keep, keep_out, needs, watch = plan.recording or _recording(plan, opdef, grads, layouts)
+        saved_out = tuple([o.detach() for o in outputs]) if keep_out else ()
+        if keep is None:
+            kept_in = tuple(boxed)
+        elif n == 2:
+            kept_in = (boxed[0] if keep[0] else _layout_only(boxed[0]),
+                       boxed[1] if keep[1] else _layout_only(boxed[1]))
+        else:
+            kept_in = tuple([t if k else _layout_only(t) for t, k in zip(boxed, keep)])
         ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
-        hooks = autograd.saved_hooks()
+        hooks = autograd._hooks[-1] if autograd._hooks else None  # (saved_hooks(), inline)
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
             ctx.inputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.inputs)
             ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private)
-        if saves is None:
-            watched = [(t._version, t._version.value) for t in boxed]
-        else:
-            watched = [(boxed[i]._version, boxed[i]._version.value) for i in saves
-                       if type(i) is int and i < n]
-        watched += [(o._version, o._version.value) for o in saved_out]
+        watched = [(boxed[i]._version, boxed[i]._version.value) for i in watch] if watch \
+            else []
+        if keep_out:
+            watched += [(o._version, o._version.value) for o in saved_out]
         backward = opdef.backward
 
         def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks):
