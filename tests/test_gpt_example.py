@@ -37,18 +37,24 @@ def reference(train):
     return train.run(TINY + ["--simulate", "1"])
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("config", CONFIGS)
-def test_same_loss_curve_as_one_process(train, reference, config, schedule):
+def _run_config(train, config: str, args: list) -> list:
+    """train.py's loss curve for ``config`` (``dxmxp``) with ``args``: simulated, or under
+    mpiexec when the world has exactly that many ranks (else the test is skipped)."""
     dp, tp, pp = map(int, config.split("x"))
     size = dp * tp * pp
-    args = TINY + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--schedule", schedule]
+    args = args + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp)]
     if MPI_MODE:
         if size != ct.world_size():
             pytest.skip(f"{config} needs exactly {size} ranks")
     else:
         args += ["--simulate", str(size)]
-    history = train.run(args)
+    return train.run(args)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("config", CONFIGS)
+def test_same_loss_curve_as_one_process(train, reference, config, schedule):
+    history = _run_config(train, config, TINY + ["--schedule", schedule])
     assert len(history) == len(reference)
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
     assert history[-1] < history[0]
@@ -61,15 +67,7 @@ SEQUENCE_PARALLEL = ["1x2x1", "2x2x1", "1x2x2"]
 def test_sequence_parallel_gives_the_loss_curve_of_one_process(train, reference, config):
     """--sp: the residual stream split along the sequence on the tensor-parallel axis
     (and sent that way between pipeline stages)."""
-    dp, tp, pp = map(int, config.split("x"))
-    size = dp * tp * pp
-    args = TINY + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--sp"]
-    if MPI_MODE:
-        if size != ct.world_size():
-            pytest.skip(f"{config} needs exactly {size} ranks")
-    else:
-        args += ["--simulate", str(size)]
-    history = train.run(args)
+    history = _run_config(train, config, TINY + ["--sp"])
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
 
 
@@ -85,16 +83,8 @@ def reference4(train):
 
 @pytest.mark.parametrize("config", INTERLEAVED)
 def test_interleaved_gives_the_loss_curve_of_one_process(train, reference4, config):
-    dp, tp, pp = map(int, config.split("x"))
-    size = dp * tp * pp
-    args = TINY4 + ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--schedule",
-                    "interleaved", "--virtual-stages", "2"]
-    if MPI_MODE:
-        if size != ct.world_size():
-            pytest.skip(f"{config} needs exactly {size} ranks")
-    else:
-        args += ["--simulate", str(size)]
-    history = train.run(args)
+    history = _run_config(train, config,
+                          TINY4 + ["--schedule", "interleaved", "--virtual-stages", "2"])
     np.testing.assert_allclose(history, reference4, rtol=1e-9, atol=0)
 
 
