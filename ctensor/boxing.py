@@ -98,14 +98,20 @@ class _GroupStep(_Step):
     def run_group(self, comm, group: tuple, held: dict) -> dict:
         """The collective over one sub-group; ``held`` are this process's members."""
 
-    def run(self, comm, shards):
-        out, done = {}, set()
+    def _groups(self, shards):
+        """Each sub-group of the mesh axis with this process's members in it, once."""
+        done = set()
         for r in shards:
             if r in done:
                 continue
             group = self.before.placement.axis_group(r, self.mesh_axis)
             held = {g: shards[g] for g in group if g in shards}
             done.update(held)
+            yield group, held
+
+    def run(self, comm, shards):
+        out = {}
+        for group, held in self._groups(shards):
             out.update(self.run_group(comm, group, held))
         debug.record(self, sum(int(a.nbytes) for a in shards.values()) if shards else 0)
         return out
@@ -113,14 +119,8 @@ class _GroupStep(_Step):
     def start(self, comm, shards):
         if not self.starts:
             return Pending(self.run(comm, shards))
-        pending, done = [], set()
-        for r in shards:
-            if r in done:
-                continue
-            group = self.before.placement.axis_group(r, self.mesh_axis)
-            held = {g: shards[g] for g in group if g in shards}
-            done.update(held)
-            pending.append(self.start_group(comm, group, held))
+        pending = [self.start_group(comm, group, held)
+                   for group, held in self._groups(shards)]
         debug.record(self, sum(int(a.nbytes) for a in shards.values()) if shards else 0)
 
         def wait() -> dict:
