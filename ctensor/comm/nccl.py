@@ -361,14 +361,21 @@ class NCCLCommunicator(HostWrapper):
         members, transfers = exchange_plan(messages, self.rank)
         if self.rank not in members:
             return received
-        comm, stream, lib = self._comm(members), self._stream_ptr(), self._lib()
-        keep = []
+        self._post(self._comm(members), xp, members, transfers, sends, received,
+                   self._stream_ptr())
+        return received
+
+    def _post(self, comm, xp, members, transfers, sends, received: dict, stream) -> list:
+        """Enqueue ``transfers`` (``exchange_plan``'s) as one NCCL group on ``stream``:
+        receive buffers go into ``received``; returns the send buffers, which must stay
+        alive until the transfers ran."""
+        lib, keep = self._lib(), []
         with _grouped(lib):
             for kind, m in transfers:
                 peer = members.index(m.dst if kind == "send" else m.src)
                 if kind == "send":
                     data = _bytes(xp.asarray(sends[m]))
-                    keep.append(data)  # alive until the group is enqueued
+                    keep.append(data)
                     if data.size:
                         comm.send(_ptr(data), data.size, lib.NCCL_UINT8, peer, stream)
                 else:
@@ -376,7 +383,7 @@ class NCCLCommunicator(HostWrapper):
                     received[m] = buf
                     if buf.nbytes:
                         comm.recv(_ptr(buf), buf.nbytes, lib.NCCL_UINT8, peer, stream)
-        return received
+        return keep
 
     def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
         """:meth:`exchange` on a side stream: the transfers wait for the work already
@@ -398,21 +405,8 @@ class NCCLCommunicator(HostWrapper):
             ready.record(xp.cuda.get_current_stream())
             side_stream.wait_event(ready)
             stream = side_stream.ptr
-        comm, lib = self._comm(members, "transfers"), self._lib()
-        keep = []
-        with _grouped(lib):
-            for kind, m in transfers:
-                peer = members.index(m.dst if kind == "send" else m.src)
-                if kind == "send":
-                    data = _bytes(xp.asarray(sends[m]))
-                    keep.append(data)
-                    if data.size:
-                        comm.send(_ptr(data), data.size, lib.NCCL_UINT8, peer, stream)
-                else:
-                    buf = xp.empty(m.shape, dtype=m.dtype)
-                    received[m] = buf
-                    if buf.nbytes:
-                        comm.recv(_ptr(buf), buf.nbytes, lib.NCCL_UINT8, peer, stream)
+        keep = self._post(self._comm(members, "transfers"), xp, members, transfers, sends,
+                          received, stream)
         if side is None:
             return Pending(received)
         done = event(disable_timing=True)
