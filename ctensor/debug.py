@@ -28,7 +28,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from . import memory as _memory
-from . import trace as _trace
+from . import worktrace as _trace
 from .comm import context
 
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",

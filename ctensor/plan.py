@@ -41,7 +41,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .placement import Placement
-from .trace import CommWork, Trace
+from .worktrace import CommWork, Trace
 
 __all__ = ["EFFICIENCY", "OWN_KERNELS", "Device", "devices", "device", "load_devices", "record",
            "op_seconds", "comm_seconds", "is_intra_node", "replay", "StepReport",
@@ -118,7 +118,7 @@ def device(name: str) -> Device:
 
 
 def record() -> Trace:
-    """A :class:`~ctensor.trace.Trace` of the kernels and communication run while it is
+    """A :class:`~ctensor.worktrace.Trace` of the kernels and communication run while it is
     open (``with ct.plan.record() as trace: ...``)."""
     return Trace()
 

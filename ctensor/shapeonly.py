@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import boxing, debug
-from . import trace as _trace
+from . import worktrace as _trace
 from .layout import Layout
 from .meta import MetaBuffer, rank_bytes, total_bytes
 from .tensor import Tensor
