@@ -16,9 +16,10 @@ Nothing here communicates. Each helper returns a rule dict (parameter name -> SB
 * **2-D** on a ``(dp, tp)`` mesh: broadcast along the data-parallel axis and the
   tensor-parallel rule along the other, e.g. ``(B, S(0))``.
 * **Sequence parallel** (Megatron-SP, ``sequence_parallel=True``): the same parameter
-  layouts, and the *residual stream* — the input of every transformer ``Block`` and of every
-  ``LayerNorm`` — laid out ``S(1)`` (split along the sequence) on the tensor-parallel axis. Nothing else is stated: the cost model then places an all-gather
-  before each column-parallel linear (its input must be whole), a reduce-scatter after each
+  layouts, and the *residual stream* — the input of every transformer ``Block``, of every
+  ``LayerNorm`` and of the dropouts of what is added to it — laid out ``S(1)`` (split along
+  the sequence) on the tensor-parallel axis. Nothing else is stated: the cost model then
+  places an all-gather before each column-parallel linear (its input must be whole), a reduce-scatter after each
   row-parallel one (the partial output meets the split residual), and their duals in the
   backward; LayerNorm, dropout and the residual adds run on sequence shards.
 
@@ -118,8 +119,21 @@ def tensor_parallel_rules(module: Module) -> dict:
 
 def _residual_stream_modules(module: Module) -> list:
     """The modules whose input is the residual stream of a pre-LayerNorm transformer: every
-    ``Block`` and every ``LayerNorm`` (the two inside each block and the final one)."""
-    return [mod for _, mod in module.named_modules() if isinstance(mod, (Block, LayerNorm))]
+    ``Block`` and every ``LayerNorm`` (the two inside each block and the final one), and the
+    dropouts of what is added to it (attention's and the MLP's output dropout, the GPT's
+    embedding dropout): Megatron-SP runs them on sequence shards, after the reduce-scatter
+    of the row-parallel output, so the mask and everything after it are 1/tp the size."""
+    out = []
+    for _, mod in module.named_modules():
+        if isinstance(mod, (Block, LayerNorm)):
+            out.append(mod)
+        elif isinstance(mod, CausalSelfAttention):
+            out.append(mod.resid_dropout)
+        elif isinstance(mod, MLP):
+            out.append(mod.dropout)
+        elif isinstance(mod, GPT):
+            out.append(mod.drop)
+    return out
 
 
 def _lay_out_input(module: Module, mesh_axis: int, entry, fn: str) -> None:
@@ -145,8 +159,9 @@ def _lay_out_input(module: Module, mesh_axis: int, entry, fn: str) -> None:
 
 def sequence_parallel(module: Module, tp_axis: int = 0) -> Module:
     """Lay the residual stream out along the sequence on mesh axis ``tp_axis`` (Megatron
-    sequence parallelism; see the module docstring): the input of every ``Block`` and of
-    every ``LayerNorm`` becomes ``S(1)`` there. Use with the tensor-parallel parameter
+    sequence parallelism; see the module docstring): the input of every ``Block``, of
+    every ``LayerNorm`` and of the residual dropouts (attention and MLP output, the GPT's
+    embedding) becomes ``S(1)`` there. Use with the tensor-parallel parameter
     layout (``tensor_parallel(..., sequence_parallel=True)`` does both).
 
     >>> nn.parallel.sequence_parallel(model)

@@ -171,11 +171,11 @@ def build(a):
                 rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
         module.to_global(mesh, rules)
         input_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
-        if a.sp:  # the residual stream split along the sequence on the tp axis
-            nn.parallel.sequence_parallel(module, tp_axis=1)
-            if s > 0:  # a stage receives it as it was left: 1/tp of the bytes move
-                input_sbp = (ct.sbp.split(0), ct.sbp.split(1))
+        if a.sp and s > 0:  # a stage receives the residual stream sequence-split: 1/tp moves
+            input_sbp = (ct.sbp.split(0), ct.sbp.split(1))
         stages.append(Stage(module, mesh, input_sbp=input_sbp))
+    if a.sp:  # the residual stream split along the sequence on the tp axis, every stage
+        nn.parallel.sequence_parallel(gpt, tp_axis=1)
     return gpt, stages
 
 
