@@ -166,19 +166,16 @@ def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable],
     (one call layer for both: this is every op's hot path). ``forwards``: the front only
     calls ``op(*its arguments)``, so the public function dispatches without it."""
     params = list(inspect.signature(front).parameters.values())[1:]
-    accepted = frozenset(p.name for p in params
-                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                       inspect.Parameter.KEYWORD_ONLY))
+    accepted = _accepted_keywords(params)
     if forwards:
         public = _forwarding(front, opdef, [p.name for p in params], keyword_error)
-    elif keyword_error is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    elif keyword_error is None or accepted is None:
         def public(*args, **kwargs):
             return front(opdef, *args, **kwargs)
     else:
         def public(*args, **kwargs):
-            if kwargs and not accepted.issuperset(kwargs):
-                bad = next(k for k in kwargs if k not in accepted)
-                raise keyword_error(opdef.name, bad, front)
+            if kwargs:
+                _refuse_unknown(opdef.name, kwargs, accepted, keyword_error, front)
             return front(opdef, *args, **kwargs)
 
     functools.update_wrapper(public, front)
@@ -222,20 +219,35 @@ def _forwarding(front: Callable, opdef: OpDef, names: list,
 def _checked_keywords(opname: str, front: Callable, keyword_error: Callable) -> Callable:
     """``front`` (an op without a kernel: its front is the public function) with unknown
     keywords raising ``keyword_error(opname, keyword, front)``."""
-    params = inspect.signature(front).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    accepted = _accepted_keywords(inspect.signature(front).parameters.values())
+    if accepted is None:
         return front
-    accepted = frozenset(n for n, p in params.items()
-                         if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                       inspect.Parameter.KEYWORD_ONLY))
 
     @functools.wraps(front)
     def checked(*args, **kwargs):
-        if kwargs and not accepted.issuperset(kwargs):
-            bad = next(k for k in kwargs if k not in accepted)
-            raise keyword_error(opname, bad, front)
+        if kwargs:
+            _refuse_unknown(opname, kwargs, accepted, keyword_error, front)
         return front(*args, **kwargs)
     return checked
+
+
+def _accepted_keywords(params) -> Optional[frozenset]:
+    """The names a front's parameters take by keyword; None when it takes any
+    (``**kwargs``)."""
+    params = list(params)
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return frozenset(p.name for p in params
+                     if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                   inspect.Parameter.KEYWORD_ONLY))
+
+
+def _refuse_unknown(opname: str, kwargs: dict, accepted: frozenset, keyword_error: Callable,
+                    front: Callable) -> None:
+    """Raise ``keyword_error``'s exception for the first keyword not in ``accepted``."""
+    if not accepted.issuperset(kwargs):
+        bad = next(k for k in kwargs if k not in accepted)
+        raise keyword_error(opname, bad, front)
 
 
 def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,

@@ -145,6 +145,16 @@ def resolve_sbp_rules(names_shapes: list, placement, sbp) -> dict:
     return out
 
 
+def _add_hook(fn: str, hooks: dict, hook) -> "RemovableHandle":
+    """Put ``hook`` into ``hooks`` (a module's pre- or post-forward hooks) under a new
+    handle; ``TypeError`` naming ``fn`` when it is not callable."""
+    if not callable(hook):
+        raise TypeError(f"{fn}: argument 'hook' must be callable, got {type(hook).__name__}")
+    handle = RemovableHandle(hooks)
+    hooks[handle.id] = hook
+    return handle
+
+
 class Module:
     """Base class of layers and models (PyTorch style).
 
@@ -260,12 +270,7 @@ class Module:
         >>> handle = model.fc.register_forward_pre_hook(lambda m, args: print(m))
         >>> handle.remove()
         """
-        if not callable(hook):
-            raise TypeError(f"register_forward_pre_hook: argument 'hook' must be callable, "
-                            f"got {type(hook).__name__}")
-        handle = RemovableHandle(self._forward_pre_hooks)
-        self._forward_pre_hooks[handle.id] = hook
-        return handle
+        return _add_hook("register_forward_pre_hook", self._forward_pre_hooks, hook)
 
     def register_forward_hook(self, hook) -> RemovableHandle:
         """Call ``hook(module, args, output)`` after every ``forward``; a non-None result
@@ -273,12 +278,7 @@ class Module:
 
         >>> handle = model.fc.register_forward_hook(lambda m, args, out: None)
         """
-        if not callable(hook):
-            raise TypeError(f"register_forward_hook: argument 'hook' must be callable, got "
-                            f"{type(hook).__name__}")
-        handle = RemovableHandle(self._forward_hooks)
-        self._forward_hooks[handle.id] = hook
-        return handle
+        return _add_hook("register_forward_hook", self._forward_hooks, hook)
 
     def children(self) -> Iterator["Module"]:
         """The direct sub-modules."""

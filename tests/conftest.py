@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -40,6 +41,16 @@ def mesh(request):
     else:
         with ct.simulate(size):
             yield ct.placement("cpu", mesh_ranks(shape))
+
+
+def world(n: int):
+    """A simulated world of ``n`` ranks, or the real one when it has enough ranks (else the
+    test is skipped): a context manager."""
+    if MPI_MODE:
+        if ct.world_size() < n:
+            pytest.skip(f"needs {n} ranks")
+        return contextlib.nullcontext()
+    return ct.simulate(n)
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 data parallelism's (float64, 1e-9) with and without tensor parallelism and in a pipeline;
 checkpoints move between FSDP and DP; the communication log shows the gathers and the
 bucketed reduce-scatter; memory per rank shrinks; bad input fails before communicating."""
-import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
-from conftest import MPI_MODE
+from conftest import MPI_MODE, world
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py"
@@ -35,14 +34,6 @@ def world_args(size: int) -> list:
             pytest.skip(f"needs exactly {size} ranks")
         return []
     return ["--simulate", str(size)]
-
-
-def world(n: int):
-    if MPI_MODE:
-        if ct.world_size() < n:
-            pytest.skip(f"needs {n} ranks")
-        return contextlib.nullcontext()
-    return ct.simulate(n)
 
 
 @pytest.mark.parametrize("fsdp", ["zero3", "zero2"])

@@ -1,7 +1,6 @@
 """Activation recompute (``nn.utils.checkpoint``, ``GPT(recompute=True)``): values and
 gradients bit-identical to no recompute, with dropout on, on 1 rank, TP, DP, 2-D and a
 2-stage pipeline; under no_sync; clear errors; less activation memory."""
-import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -10,22 +9,13 @@ import pytest
 
 import ctensor as ct
 import ctensor.nn as nn
-from conftest import MPI_MODE
+from conftest import MPI_MODE, world
 
 S0, B = ct.sbp.split(0), ct.sbp.broadcast
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py"
 TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--global-batch",
         "4", "--micro-batches", "2", "--steps", "3", "--dtype", "float64", "--dropout", "0.1",
         "--no-progress", "--lr", "1e-2"]
-
-
-def world(n: int):
-    """A simulated world of ``n`` ranks, or the real one when it has enough ranks."""
-    if MPI_MODE:
-        if ct.world_size() < n:
-            pytest.skip(f"needs {n} ranks")
-        return contextlib.nullcontext()
-    return ct.simulate(n)
 
 
 def gpt_step(dp: int, tp: int, recompute: bool, dropout: float = 0.1, sync_steps: int = 1):
