@@ -21,7 +21,7 @@ from .registry import OPS
 from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
-           "FunctionContext", "saved_tensors_hooks", "no_grad",
+           "FunctionContext", "saved_tensors_hooks", "regather_saved", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size"]
 
@@ -119,6 +119,40 @@ def saved_tensors_hooks(pack: Callable, unpack: Callable) -> Iterator[None]:
         yield
     finally:
         _hooks.pop()
+
+
+#: one list per open :func:`regather_saved` block: ``(weak reference to a source, target
+#: layout)`` of every input whose gathered copy a backward context gave up inside it
+_regather: list = []
+
+
+@contextlib.contextmanager
+def regather_saved() -> Iterator[None]:
+    """Inside the block, an op whose backward reads an input it had to gather (boxed to a
+    layout holding more bytes per rank than the input's own, as ``S(1)`` to ``B``) keeps
+    the input as it came and gathers it again when its backward runs: the memory of a
+    shard instead of the whole between forward and backward, for one more collective in
+    the backward (Megatron-LM sequence parallelism's re-gather of a linear layer's input).
+
+    Ops inside the block still share one gathered copy (query, key and value of one
+    input); leaving the block drops it, so it lives only as long as something else holds
+    it. ``nn.parallel.sequence_parallel`` runs every transformer block (and the LM head)
+    inside one. Values and gradients are the same either way.
+
+    >>> with ct.autograd.regather_saved():
+    ...     y = x_seq_split @ w           # x is gathered for the matmul; y's backward
+    ...                                   # gathers x again instead of keeping the copy
+    """
+    made: list = []
+    _regather.append(made)
+    try:
+        yield
+    finally:
+        _regather.pop()
+        for ref, target in made:  # the gathered copies shared inside the block
+            source = ref()
+            if source is not None and source._boxed:
+                source._boxed.pop(target, None)
 
 
 @contextlib.contextmanager

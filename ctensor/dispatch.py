@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -56,7 +57,7 @@ from .arrays import array_module
 from .comm import context
 from .dtypes import scalar_dtype
 from .layout import Layout
-from .meta import MetaBuffer
+from .meta import MetaBuffer, max_bytes, rank_bytes
 from .placement import Placement
 from .registry import OPS, OpRecord
 from . import runtime
@@ -354,6 +355,50 @@ def _layout_only(t: Tensor) -> LayoutOnly:
     return kept
 
 
+class Regather:
+    """What a backward context keeps, inside :func:`ctensor.autograd.regather_saved`, of
+    an input the op had to gather: the input as it came and the layout it was boxed to;
+    the backward boxes it again (see :func:`_regathered`)."""
+
+    __slots__ = ("source", "target")
+
+    def __init__(self, source: Tensor, target: Layout):
+        self.source, self.target = source, target
+
+    def boxed(self, opdef: "OpDef") -> Tensor:
+        return _boxed(opdef, self.source, self.target, False)
+
+    def __repr__(self) -> str:
+        return f"Regather({self.source._layout!r} -> {self.target!r})"
+
+
+_KEPT_AS_IS = (LayoutOnly, Regather)  # what saved_tensors_hooks' pack never sees
+
+
+def _grows(source: Layout, target: Layout) -> bool:
+    """Whether boxing ``source`` to ``target`` (one placement) holds more bytes on some
+    rank than ``source`` does: a gather, whose copy a backward need not keep."""
+    return source.placement == target.placement and \
+        max_bytes(rank_bytes(target)) > max_bytes(rank_bytes(source))
+
+
+def _regathered(plan: "_Plan", tensors: Sequence, kept_in: tuple) -> tuple:
+    """``kept_in`` with each gathered input whose values the backward reads replaced by
+    its :class:`Regather` (inside ``regather_saved``), and which inputs those are."""
+    grows = plan.grows
+    if grows is None:
+        grows = plan.grows = tuple(i for i in plan.moved if not plan.aliases[i] and
+                                   _grows(tensors[i]._layout, plan.targets[i]))
+    hit = tuple(i for i in grows if type(kept_in[i]) is Tensor)
+    if not hit:
+        return kept_in, hit
+    kept, made = list(kept_in), autograd._regather[-1]
+    for i in hit:
+        kept[i] = Regather(tensors[i], plan.targets[i])
+        made.append((weakref.ref(tensors[i]), plan.targets[i]))
+    return tuple(kept), hit
+
+
 @dataclass(slots=True)
 class BackwardContext:
     """Handed to an op's backward: the inputs as the kernel saw them (boxed), the
@@ -643,7 +688,7 @@ class _Plan:
     the first run with data: a shape-only run never needs them)."""
 
     __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
-                 "moved", "verified", "unrolled", "recording")
+                 "moved", "verified", "unrolled", "recording", "grows")
 
     def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
                  composite: bool):
@@ -651,6 +696,7 @@ class _Plan:
         self.composite = composite
         self.single = opdef.n_outputs == 1
         self.recording = None  # what the tape keeps, once known (see _recording)
+        self.grows = None  # the moved inputs that are gathered, once known (_regathered)
         # the common case apply() runs unrolled: one output, no context, one or two inputs
         self.unrolled = self.single and not opdef.needs_ctx and len(layouts) <= 2
         self.verified = False  # whether a run has checked the kernel's local shapes
@@ -912,33 +958,42 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                        boxed[1] if keep[1] else _layout_only(boxed[1]))
         else:
             kept_in = tuple([t if k else _layout_only(t) for t, k in zip(boxed, keep)])
+        regather = ()
+        if autograd._regather and plan.moved:  # gathered inputs: gathered again later
+            kept_in, regather = _regathered(plan, tensors, kept_in)
         ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
         hooks = autograd._hooks[-1] if autograd._hooks else None  # (saved_hooks(), inline)
         if hooks is not None:  # the saved tensors are kept the way the hooks decide
             pack, unpack = hooks
-            ctx.inputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.inputs)
-            ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
-        # the in-place write counts of what the backward reads (boxed copies are private)
+            ctx.inputs = tuple(t if type(t) in _KEPT_AS_IS else pack(t) for t in ctx.inputs)
+            ctx.outputs = tuple(t if type(t) in _KEPT_AS_IS else pack(t) for t in ctx.outputs)
+        # the in-place write counts of what the backward reads (boxed copies are private;
+        # a regathered input's own count: it is boxed again from it)
         watched = [(boxed[i]._version, boxed[i]._version.value) for i in watch] if watch \
             else []
+        for i in regather:
+            watched.append((tensors[i]._version, tensors[i]._version.value))
         if keep_out:
             watched += [(o._version, o._version.value) for o in saved_out]
         backward = opdef.backward
 
-        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks):
+        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks,
+                        regather=regather):
             for version, value in watched:
                 if version.value != value:
                     raise RuntimeError(f"backward: a tensor needed for the gradient of "
                                        f"{ctx.op.name} was modified by an in-place operation "
                                        f"after it was used; compute on a copy (x.clone()) or "
                                        f"do the in-place update after backward()")
-            if hooks is not None:
-                unpack = hooks[1]
+            if hooks is not None or regather:
+                unpack = hooks[1] if hooks is not None else None
                 ctx = BackwardContext(
-                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.inputs),
-                    tuple(t if type(t) is LayoutOnly else unpack(t) for t in ctx.outputs),
-                    ctx.attrs,
-                                      ctx.op, ctx.in_layouts, ctx.needs_input_grad)
+                    tuple(t.boxed(ctx.op) if type(t) is Regather else
+                          t if type(t) is LayoutOnly or unpack is None else unpack(t)
+                          for t in ctx.inputs),
+                    tuple(t if type(t) is LayoutOnly or unpack is None else unpack(t)
+                          for t in ctx.outputs),
+                    ctx.attrs, ctx.op, ctx.in_layouts, ctx.needs_input_grad)
             if single:
                 return backward(ctx, grads[0])
             return backward(ctx, *grads)

@@ -136,44 +136,76 @@ def _residual_stream_modules(module: Module) -> list:
     return out
 
 
-def _lay_out_input(module: Module, mesh_axis: int, entry, fn: str) -> None:
+def _gathering_modules(module: Module) -> list:
+    """The modules that gather the sequence-split stream for a column-parallel linear:
+    every ``Block`` (query, key and value share one gather, the MLP's ``fc`` another) and
+    the GPT's LM head."""
+    return [mod for _, mod in module.named_modules() if isinstance(mod, Block)] + \
+        [mod.lm_head for _, mod in module.named_modules() if isinstance(mod, GPT)]
+
+
+def _wrap_forward(module: Module, fn: str, mesh_axis: int, entry=None,
+                  regather: bool = False) -> None:
     """Make ``module`` take its first input laid out ``entry`` along ``mesh_axis`` (a
-    ``to_global`` before its forward; differentiable, and free when it already is)."""
-    if getattr(module.forward, "_ctensor_input_layout", None) is not None:
-        if module.forward._ctensor_input_layout != (mesh_axis, entry):
-            raise ValueError(f"{fn}: {type(module).__name__} already takes its input laid out "
-                             f"{module.forward._ctensor_input_layout}; lay the model out once")
+    ``to_global`` before its forward; differentiable, and free when it already is) and,
+    with ``regather``, run its forward inside ``ct.autograd.regather_saved()``."""
+    wrapping = (mesh_axis, entry, regather)
+    current = getattr(module.forward, "_ctensor_sequence_parallel", None)
+    if current is not None:
+        if current != wrapping:
+            raise ValueError(f"{fn}: {type(module).__name__} is already laid out (input "
+                             f"axis, SBP, regather {current}, now asked for {wrapping}); lay "
+                             f"the model out once")
         return
     forward = module.forward
 
-    def laid_out(x, *args, **kwargs):
-        if isinstance(x, ct.Tensor) and x.placement.ndim > mesh_axis and x.ndim > 1:
+    def wrapped(x, *args, **kwargs):
+        if entry is not None and isinstance(x, ct.Tensor) and x.placement.ndim > mesh_axis \
+                and x.ndim > 1:
             sbp = list(x.sbp)
             sbp[mesh_axis] = entry
             x = x.to_global(x.placement, tuple(sbp))
-        return forward(x, *args, **kwargs)
+        if not regather:
+            return forward(x, *args, **kwargs)
+        with ct.autograd.regather_saved():
+            return forward(x, *args, **kwargs)
 
-    laid_out._ctensor_input_layout = (mesh_axis, entry)
-    object.__setattr__(module, "forward", laid_out)
+    wrapped._ctensor_sequence_parallel = wrapping
+    object.__setattr__(module, "forward", wrapped)
 
 
-def sequence_parallel(module: Module, tp_axis: int = 0) -> Module:
+def sequence_parallel(module: Module, tp_axis: int = 0, regather: bool = True) -> Module:
     """Lay the residual stream out along the sequence on mesh axis ``tp_axis`` (Megatron
     sequence parallelism; see the module docstring): the input of every ``Block``, of
     every ``LayerNorm`` and of the residual dropouts (attention and MLP output, the GPT's
     embedding) becomes ``S(1)`` there. Use with the tensor-parallel parameter
     layout (``tensor_parallel(..., sequence_parallel=True)`` does both).
 
+    ``regather=True`` (Megatron-SP's choice, the default) keeps the sequence shard of each
+    gathered linear input for the backward and gathers it again there (blocks and the LM
+    head run inside ``ct.autograd.regather_saved()``): the activations a block keeps are
+    then all 1/tp of the stream's size, for one more all-gather per gathered input in the
+    backward (``6L + 3`` all-gathers and ``4L + 2`` reduce-scatters per forward and
+    backward of an ``L``-block GPT). ``regather=False`` keeps the gathered copies instead
+    (``4L + 2`` of each; more memory).
+
     >>> nn.parallel.sequence_parallel(model)
     """
     _check_module("sequence_parallel", module)
+    if not isinstance(regather, bool):
+        raise TypeError(f"sequence_parallel: argument 'regather' must be a bool, got "
+                        f"{regather!r}")
     targets = _residual_stream_modules(module)
     if not targets:
         raise ValueError("sequence_parallel: the module contains no transformer Block or "
                          "LayerNorm whose input is a residual stream; accepted: models built "
                          "from nn.Block (such as nn.GPT)")
+    gathering = {id(m): m for m in _gathering_modules(module)} if regather else {}
     for mod in targets:
-        _lay_out_input(mod, tp_axis, S(1), "sequence_parallel")
+        _wrap_forward(mod, "sequence_parallel", tp_axis, S(1), gathering.pop(id(mod), None)
+                      is not None)
+    for mod in gathering.values():  # (the LM head: its input is laid out by the LayerNorm)
+        _wrap_forward(mod, "sequence_parallel", tp_axis, None, True)
     return module
 
 

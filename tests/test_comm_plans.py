@@ -8,9 +8,13 @@ one forward + backward and checked against the published formulas:
   entropy's small ones, plus one small bucket (LayerNorm and bias gradients);
 * GPT data parallel: one bucketed all-reduce of every gradient, nothing per parameter;
 * 2-D: both together;
-* sequence parallel (Korthikanti et al. 2022): ``8L + 4`` all-gathers and reduce-scatters of
-  (b, s, h) — four per layer each way, the embedding's reduce-scatter and the head's
-  all-gather with their backwards — and no large all-reduce.
+* sequence parallel (Korthikanti et al. 2022): ``6L + 3`` all-gathers and ``4L + 2``
+  reduce-scatters of (b, s, h) — per layer two of each forward and their duals backward,
+  the embedding's reduce-scatter and the head's all-gather with their backwards, and the
+  backward's re-gather of each gathered linear input (``2L + 1``: what a block keeps is
+  the sequence shard) — and no large all-reduce; ``4L + 2`` of each when the gathered
+  copies are kept instead (``regather=False``), which keeps exactly those copies' bytes
+  more between forward and backward.
 
 Values and gradients equal one rank in float64. Sizes are small, yet chosen so that no two
 different tensors share a shape (a gradient's shape is how the engine tells it apart).
@@ -74,21 +78,26 @@ def test_megatron_mlp_needs_one_all_reduce(input_grad):
 
 
 # ----------------------------------------------------------------------------- GPT
-def _gpt_step(dp, tp, sequence_parallel=False, dropout=0.0):
+def _gpt_step(dp, tp, sequence_parallel=False, dropout=0.0, regather=True, memory=None):
     """One forward + backward of the GPT, laid out (dp, tp); returns the loss, every
-    gradient as NumPy and the communication log."""
+    gradient as NumPy and the communication log (``memory``, a dict: gets the activation
+    bytes rank 0 holds between the forward and the backward)."""
     n = dp * tp
-    with _world(n):
+    with _world(n), ct.debug.track_memory():
         ct.manual_seed(0)
         model = nn.GPT(VOCAB, SEQ, LAYERS, HEADS, HIDDEN, dropout=dropout, tie_weights=False,
                        dtype=np.float64)
         mesh = ct.placement("cpu", np.arange(n).reshape(dp, tp).tolist())
-        nn.parallel.hybrid_parallel(model, mesh, sequence_parallel=sequence_parallel)
+        nn.parallel.hybrid_parallel(model, mesh)
+        if sequence_parallel:
+            nn.parallel.sequence_parallel(model, 1, regather=regather)
         rng = np.random.default_rng(1)
         ids = ct.tensor(rng.integers(0, VOCAB, (BATCH, SEQ)), placement=mesh, sbp=(S0, B))
         target = ct.tensor(rng.integers(0, VOCAB, (BATCH, SEQ)), placement=mesh, sbp=(S0, B))
         with ct.debug.comm_log() as log:
             _, loss = model(ids, target)
+            if memory is not None and ct.rank() == 0:
+                memory["activations"] = ct.debug.memory(0).current["activations"]
             loss.backward()
         grads = {name: p.grad.numpy() for name, p in model.named_parameters()}
         return float(loss.item()), grads, log
@@ -166,11 +175,30 @@ def test_gpt_sequence_parallel_with_dropout_is_megatron_sp():
                              _gpt_step(1, 1, dropout=0.1))
 
 
-def _check_sequence_parallel(result, reference):
+def test_sequence_parallel_regather_trades_one_gather_for_the_copy(one_rank):
+    # keeping the gathered copies instead: two fewer all-gathers per layer (and the
+    # head's), and exactly those copies' bytes more held from forward to backward
+    kept, regathered = {}, {}
+    result = _gpt_step(1, 2, sequence_parallel=True, regather=False, memory=kept)
+    _check_sequence_parallel(result, one_rank, regather=False)
+    _gpt_step(1, 2, sequence_parallel=True, memory=regathered)
+    if ct.rank() == 0 or not MPI_MODE:
+        copy = np.prod(ACTIVATION) * 8 // 2  # a gathered copy less the shard kept instead
+        saved = kept["activations"] - regathered["activations"]  # (and a few scalars)
+        assert saved == pytest.approx((2 * LAYERS + 1) * copy, rel=0.01)
+
+
+def test_sequence_parallel_refuses_a_non_bool_regather():
+    with pytest.raises(TypeError, match="regather"):
+        nn.parallel.sequence_parallel(nn.GPT(16, 8, 1, 2, 8), regather="yes")
+
+
+def _check_sequence_parallel(result, reference, regather=True):
     log = result[2]
     gathers = _collectives(log, "all_gather", ACTIVATION)
     scatters = _collectives(log, "reduce_scatter", ACTIVATION)
-    assert len(gathers) == len(scatters) == 4 * LAYERS + 2, log.summary()
+    assert len(scatters) == 4 * LAYERS + 2, log.summary()
+    assert len(gathers) == (6 * LAYERS + 3 if regather else 4 * LAYERS + 2), log.summary()
     large = [e for e in _collectives(log, "all_reduce") if e.op != "grad_sync"
              and not _small(e)]
     assert not large, log.summary()

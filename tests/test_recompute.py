@@ -1,6 +1,9 @@
 """Activation recompute (``nn.utils.checkpoint``, ``GPT(recompute=True)``): values and
 gradients bit-identical to no recompute, with dropout on, on 1 rank, TP, DP, 2-D and a
-2-stage pipeline; under no_sync; clear errors; less activation memory."""
+2-stage pipeline; under no_sync; clear errors; less activation memory. Gathering again in
+the backward (``ct.autograd.regather_saved``): the same values, one gather more, the
+shard kept instead of the copy."""
+import contextlib
 import importlib.util
 from pathlib import Path
 
@@ -11,7 +14,7 @@ import ctensor as ct
 import ctensor.nn as nn
 from conftest import MPI_MODE, world
 
-S0, B = ct.sbp.split(0), ct.sbp.broadcast
+S0, S1, B = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast
 TRAIN = Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py"
 TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--global-batch",
         "4", "--micro-batches", "2", "--steps", "3", "--dtype", "float64", "--dropout", "0.1",
@@ -158,3 +161,63 @@ def test_recompute_keeps_less_activation_memory():
             loss.backward()
             peaks[recompute] = ct.debug.memory().peak["activations"]
     assert peaks[True] < 0.6 * peaks[False], peaks
+
+
+# ----------------------------------------------------------------------- regather_saved
+def _gathers(log):
+    return [(e.op, tuple(e.shape)) for e in log if e.collective == "all_gather"]
+
+
+@pytest.mark.parametrize("regather", [False, True], ids=["keep-copy", "regather"])
+def test_regather_saved_gathers_again_in_the_backward(mesh, regather):
+    # x is split by rows and w by columns: the matmuls gather x (once, for both); inside
+    # regather_saved their backward gathers x again instead of keeping the copy
+    rng = np.random.default_rng(0)
+    xv, wv = rng.standard_normal((6, 4)), rng.standard_normal((4, 5))
+    x = ct.tensor(xv, placement=mesh, sbp=(S0,) * mesh.ndim, requires_grad=True)
+    w = ct.tensor(wv, placement=mesh, sbp=(S1,) * mesh.ndim, requires_grad=True)
+    with ct.debug.comm_log() as log:
+        h = x * 2.0
+        with ct.autograd.regather_saved() if regather else contextlib.nullcontext():
+            y, y2 = h @ w, h @ w
+        if regather:  # leaving the block dropped the copy both matmuls shared
+            assert not h._boxed
+        forward = _gathers(log)
+        loss = (y * y2).sum()
+        loss.backward()
+    assert len(forward) == (mesh.size > 1) * mesh.ndim
+    again = _gathers(log)[len(forward):]
+    assert again == (forward if regather else [])
+    hv = 2 * xv
+    np.testing.assert_allclose(loss.numpy(), ((hv @ wv) ** 2).sum(), rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), 2 * hv.T @ (hv @ wv), rtol=1e-10)
+    np.testing.assert_allclose(x.grad.numpy(), 4 * (hv @ wv) @ wv.T, rtol=1e-10)
+
+
+def test_regather_saved_watches_the_source_for_in_place_writes(mesh):
+    x = ct.tensor(np.arange(12.0).reshape(6, 2), placement=mesh, sbp=(S0,) * mesh.ndim,
+                  requires_grad=True)
+    w = ct.tensor(np.ones((2, 3)), placement=mesh, sbp=(S1,) * mesh.ndim, requires_grad=True)
+    h = x * 1.0
+    with ct.autograd.regather_saved():
+        y = h @ w
+    with ct.no_grad():
+        h.add_(1.0)  # what the backward would gather again
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        y.sum().backward()
+
+
+def test_regather_saved_with_saved_tensors_hooks(mesh):
+    packed = []
+    rng = np.random.default_rng(1)
+    xv, wv = rng.standard_normal((6, 4)), rng.standard_normal((4, 5))
+    x = ct.tensor(xv, placement=mesh, sbp=(S0,) * mesh.ndim, requires_grad=True)
+    w = ct.tensor(wv, placement=mesh, sbp=(S1,) * mesh.ndim, requires_grad=True)
+    pack = lambda t: packed.append((t.shape, t.sbp)) or t  # noqa: E731
+    with ct.autograd.saved_tensors_hooks(pack, lambda t: t), ct.autograd.regather_saved():
+        y = (x * 1.0) @ w
+    y.sum().backward()  # the gathered input is not packed: it is gathered again
+    assert (4, 5) in [shape for shape, _ in packed]  # (w)
+    assert mesh.size == 1 or ((6, 4), (B,) * mesh.ndim) not in packed
+    np.testing.assert_allclose(w.grad.numpy(), xv.T @ np.ones((6, 5)), rtol=1e-12)
+    np.testing.assert_allclose(x.grad.numpy(), np.ones((6, 5)) @ wv.T, rtol=1e-12)

@@ -121,14 +121,14 @@ def build(a) -> list:
             if name in rules:
                 rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
         module.to_global(mesh, rules)
-        if a.sequence_parallel and a.tp > 1:
-            nn.parallel.sequence_parallel(module, tp_axis=1)
         if a.precision != "fp32":
             nn.mixed_precision(module, "float16")
         # a stage's input travels split along the sequence over the tensor axis and is
         # gathered inside the node (Megatron's scatter/gather of pipeline transfers)
         stages.append(nn.pipeline.Stage(module, mesh,
                                         input_sbp=(ct.sbp.split(0), ct.sbp.split(1))))
+    if a.sequence_parallel and a.tp > 1:  # the whole GPT at once (its embedding dropout too)
+        nn.parallel.sequence_parallel(gpt, tp_axis=1)
     return stages
 
 
