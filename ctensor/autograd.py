@@ -21,7 +21,7 @@ from .registry import OPS
 from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
-           "FunctionContext", "saved_tensors_hooks", "regather_saved", "no_grad",
+           "FunctionContext", "saved_tensors_hooks", "regather_saved", "graph_handle", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size"]
 
@@ -225,6 +225,24 @@ def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
             out._node = node
             out._out_index = i
         i += 1
+
+
+def graph_handle(t):
+    """A stand-in for ``t`` as the root of a later ``backward(grad)``: ``t``'s layout and
+    its place in the graph, none of its values, so ``t``'s shards are freed as soon as
+    nothing else holds them. What a pipeline keeps of a stage's output once it has been
+    sent on (Megatron-LM's ``deallocate_output_tensor``); pass the gradient explicitly.
+
+    >>> out = stage(x); y = out.detach().to_global(next_placement, sbp)
+    >>> root = ct.autograd.graph_handle(out); del out     # keeps no activation
+    >>> root.backward(grad)
+    """
+    if t._node is None:
+        raise ValueError("graph_handle: the tensor is not the output of a recorded op (a "
+                         "leaf, or made under no_grad); keep the tensor itself")
+    handle = type(t)(t._layout, {}, requires_grad=True)
+    handle._node, handle._out_index = t._node, t._out_index
+    return handle
 
 
 def _topological(roots) -> list:

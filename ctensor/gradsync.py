@@ -205,7 +205,8 @@ class Synchronizer:
         if plan is None:
             context.op_stack.append("grad_sync")  # (a plan counts it once per step)
             try:
-                self.direct.append((leaf, g.to_global(target.placement, target.sbp)))
+                self.direct.append((leaf, _compact(g.to_global(target.placement,
+                                                                target.sbp))))
             finally:
                 context.op_stack.pop()
             return
@@ -244,6 +245,16 @@ class Synchronizer:
             results += bucket.finish()
         for leaf, g in results:
             _set_grad(leaf, g)
+
+
+def _compact(g):
+    """``g``, copied if a shard is a view of a larger buffer (a replicated gradient sliced
+    to a split parameter's layout): a gradient lives until the next step and must not keep
+    the rest of the buffer alive with it."""
+    if type(g._shards) is not MetaBuffer and any(
+            memory._root(a).nbytes > a.nbytes for a in g._shards.values()):
+        return OPS.clone(g)
+    return g
 
 
 def _set_grad(leaf, g) -> None:

@@ -216,11 +216,17 @@ def snapshot(rank: int, meta: bool = False) -> tuple:
             _peak_total.get(rank, 0))
 
 
-def meta_peaks() -> dict:
+def meta_peaks(size: int | None = None) -> dict:
     """Shape-only runs: ``{kind: int64 array over world ranks}`` of peak bytes per kind,
     plus ``"total"`` (the peak of the sum, not the sum of peaks), ``"boxing"`` (peak of the
-    buffers boxing made, counted within ``activations``) and ``"current_<kind>"``."""
-    return _meta.peaks()
+    buffers boxing made, counted within ``activations``) and ``"current_<kind>"``.
+    ``size``: every array that long (ranks beyond it dropped, missing ones zero); default:
+    as far as the highest rank seen."""
+    out = _meta.peaks()
+    if size is not None:
+        for k, v in out.items():
+            out[k] = np.pad(v[:size], (0, max(0, size - v.size)))
+    return out
 
 
 class _MetaAccount:

@@ -178,28 +178,39 @@ def comm_seconds(comm: CommWork, dev: Device, gpus_per_node: int) -> float:
         comm.nbytes / bandwidth
 
 
-def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float]) -> tuple:
+def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float],
+           devices: Optional[int] = None, weights: Optional[Sequence[float]] = None) -> tuple:
     """Replay a pipeline schedule: ``order`` is the event list ``[("F"|"B", stage,
-    micro_batch), ...]`` (``nn.pipeline.schedule``), ``forward[s]``/``backward[s]`` one
-    micro-batch's seconds on stage ``s``. A forward waits for the previous stage's forward
-    of its micro-batch, a backward for the next stage's backward (the last stage: its own
-    forward); each stage runs one event at a time. Returns ``(seconds, in_flight)``:
-    when the last event ends, and per stage the most micro-batches between their forward
-    and their backward at once."""
+    micro_batch), ...]`` (``nn.pipeline.schedule``), ``forward[j]``/``backward[j]`` one
+    micro-batch's seconds on (virtual) stage ``j``, which runs on device ``j % devices``
+    (default: one stage per device). A forward waits for the previous stage's forward of
+    its micro-batch, a backward for the next stage's backward (the last stage: its own
+    forward); each device runs one event at a time. Returns ``(seconds, in_flight)``: when
+    the last event ends, and per stage how many micro-batches were between their forward
+    and their backward there when its device held the most — the most of ``sum(weights[j]
+    * alive[j])`` over the device's stages (``weights``: e.g. each stage's bytes kept per
+    micro-batch; default 1). With one stage per device, the most micro-batches alive."""
     n = len(forward)
-    free = [0.0] * n
+    p = n if devices is None else devices
+    w = [1.0] * n if weights is None else list(weights)
+    free = [0.0] * p
     done: dict = {}
-    alive, in_flight = [0] * n, [0] * n
-    for kind, s, m in order:
+    alive, in_flight, most = [0] * n, [0] * n, [-1.0] * p
+    for kind, j, m in order:
+        d = j % p
         if kind == "F":
-            dep = done.get(("F", s - 1, m), 0.0)
-            alive[s] += 1
-            in_flight[s] = max(in_flight[s], alive[s])
+            dep = done.get(("F", j - 1, m), 0.0)
+            alive[j] += 1
+            held = sum(w[i] * alive[i] for i in range(d, n, p))
+            if held > most[d]:
+                most[d] = held
+                for i in range(d, n, p):
+                    in_flight[i] = alive[i]
         else:
-            dep = done.get(("B", s + 1, m)) if s + 1 < n else done.get(("F", s, m), 0.0)
-            alive[s] -= 1
-        start = max(free[s], dep or 0.0)
-        free[s] = done[(kind, s, m)] = start + (forward[s] if kind == "F" else backward[s])
+            dep = done.get(("B", j + 1, m)) if j + 1 < n else done.get(("F", j, m), 0.0)
+            alive[j] -= 1
+        start = max(free[d], dep or 0.0)
+        free[d] = done[(kind, j, m)] = start + (forward[j] if kind == "F" else backward[j])
     return max(free), in_flight
 
 
@@ -215,7 +226,9 @@ class StepReport:
     ``parameters``, ``gradients``, ``optimizer``, ``activations``, ``boxing``, ``total``);
     ``collectives``: per distinct communication step a dict (op and phase, collective,
     group size, number of groups, bytes per rank, runs per group and step, whether every
-    group is inside a node, seconds per group and step); times in seconds."""
+    group is inside a node, seconds per group and step); times in seconds. Per (virtual)
+    stage ``j`` (on device ``j % devices``): ``stage_forward``, ``stage_backward`` (one
+    micro-batch) and ``in_flight`` (micro-batches kept when its device holds the most)."""
 
     device: Device
     world_size: int
@@ -233,6 +246,12 @@ class StepReport:
     classes: list
     collectives: list
     model_flops: Optional[float] = None
+    devices: int = 0  # pipeline devices (stages per device: len(stage_forward) / devices)
+
+    def in_flight_on(self, device: int) -> int:
+        """Micro-batches (of each of its stages) device ``device`` keeps at its fullest."""
+        p = self.devices or len(self.in_flight)
+        return sum(self.in_flight[device::p])
 
     @property
     def fits(self) -> bool:
@@ -262,7 +281,7 @@ class StepReport:
                           ("parameters", "gradients", "optimizer", "activations"))
         return (f"does not fit: rank {w['first']} (stage {w['stage']}, {w['ranks']} ranks "
                 f"alike) needs {_gib(w['total'])} > {_gib(self.device.memory_bytes)} of "
-                f"{self.device.name}: {parts} ({self.in_flight[w['stage']]} micro-batches' "
+                f"{self.device.name}: {parts} ({self.in_flight_on(w['stage'])} micro-batches' "
                 f"activations in flight)")
 
     def __str__(self) -> str:
@@ -284,11 +303,16 @@ class StepReport:
             lines.append(f"  {c['op'][:22]:<22} {c['collective']:<15} {c['group_size']:>5} "
                          f"{c['groups']:>6} {c['nbytes'] / 2 ** 20:>10.2f} {c['runs']:>6} "
                          f"{'intra' if c['intra'] else 'inter':<6} {c['seconds']:>9.4f}")
-        slow = int(np.argmax(np.add(self.stage_forward, self.stage_backward)))
+        p = self.devices or len(self.stage_forward)
+        fwd = [sum(self.stage_forward[d::p]) for d in range(p)]
+        bwd = [sum(self.stage_backward[d::p]) for d in range(p)]
+        slow = int(np.argmax(np.add(fwd, bwd)))
+        chunks = len(self.stage_forward) // p
         lines.append(f"time: pipeline {self.pipeline_seconds:.3f} s (bubble "
-                     f"{100 * self.bubble_fraction:.1f}%; slowest stage {slow}: forward "
-                     f"{self.stage_forward[slow] * 1e3:.2f} ms, backward "
-                     f"{self.stage_backward[slow] * 1e3:.2f} ms per micro-batch), gradient "
+                     f"{100 * self.bubble_fraction:.1f}%; slowest stage {slow}"
+                     f"{f' ({chunks} chunks)' if chunks > 1 else ''}: forward "
+                     f"{fwd[slow] * 1e3:.2f} ms, backward "
+                     f"{bwd[slow] * 1e3:.2f} ms per micro-batch), gradient "
                      f"sync {self.sync_seconds:.3f} s, optimizer {self.update_seconds:.3f} s"
                      f" -> step {self.step_seconds:.3f} s")
         if self.model_flops:
@@ -299,65 +323,116 @@ class StepReport:
         return "\n".join(lines)
 
 
-def _stage_of(stages: Sequence[Placement], world_size: int) -> np.ndarray:
+def _device_count(stages: Sequence[Placement]) -> int:
+    """``p``: the stages' placements repeat with period ``p`` (virtual stage ``j`` on device
+    ``j % p``; ``p == len(stages)`` without interleaving)."""
+    p = len(dict.fromkeys(stages))
+    if len(stages) % p or any(stages[j] != stages[j % p] for j in range(len(stages))):
+        raise ValueError(f"step_report: argument 'stages': virtual stage j must be on the "
+                         f"placement of stage j % p for p = {p} devices (the interleaved "
+                         f"layout of nn.pipeline), got {len(stages)} placements that do not "
+                         f"repeat so")
+    return p
+
+
+def _device_of(stages: Sequence[Placement], world_size: int) -> np.ndarray:
     table = np.full(world_size, -1, dtype=np.int64)
     for s, p in enumerate(stages):
         table[p.ranks.reshape(-1)] = s
     return table
 
 
-def _per_stage(seconds: dict, comms: list, stage_of, n: int, dev, gpn, skip=()) -> list:
+def _per_device(seconds: dict, comms: list, device_of, n: int, dev, gpn, skip=()) -> list:
     out = [0.0] * n
     for placement, t in seconds.items():
-        out[stage_of[placement.rank_list[0]]] += t
+        out[device_of[placement.rank_list[0]]] += t
     for c in comms:
         if c.op not in skip:
-            out[stage_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpn) * c.count
+            out[device_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpn) * c.count
     return out
 
 
-def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
-                update: Trace, memory: dict, order: Sequence, micro_batches: int,
-                schedule: str, dev: Device, gpus_per_node: int, world_size: int,
-                model_flops: Optional[float] = None,
+def _stage_seconds(traces: Sequence[Trace], p: int, device_of, dev, gpn, efficiency,
+                   fused, skip=()) -> list:
+    """Seconds of one micro-batch per stage: one trace per (virtual) stage, or one trace
+    of all (one stage per device: split by placement)."""
+    if len(traces) == 1 and p > 1:
+        t = traces[0]
+        return _per_device(op_seconds(t, dev, efficiency, fused), list(t.comms.values()),
+                           device_of, p, dev, gpn, skip)
+    return [sum(op_seconds(t, dev, efficiency, fused).values()) +
+            sum(comm_seconds(c, dev, gpn) * c.count for c in t.comms.values()
+                if c.op not in skip) for t in traces]
+
+
+def _traces(t) -> list:
+    return [t] if isinstance(t, Trace) else list(t)
+
+
+def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace,
+                memory: dict, order: Sequence, micro_batches: int, schedule: str, dev: Device,
+                gpus_per_node: int, world_size: int, model_flops: Optional[float] = None,
                 efficiency: float = EFFICIENCY, fused: bool = True) -> StepReport:
     """Price one step from the traces of one micro-batch's ``forward`` and ``backward``
     (its ``grad_sync`` reductions run once per step) and of the optimizer ``update``.
+    ``stages``: the placement of each (virtual) stage — with an interleaved schedule,
+    stage ``j`` on the placement of stage ``j % p``. ``forward``/``backward``: one
+    :class:`~ctensor.worktrace.Trace` per stage, or one for all (without interleaving).
     ``memory``: int64 vectors over ranks — ``parameters``, ``gradients``, ``optimizer``
-    (held after the step), ``saved`` (activations one micro-batch keeps for its backward),
-    ``transient`` (the peak of one micro-batch's forward and backward above what it
-    started with), ``boxing`` (peak bytes of buffers boxing made). ``order``: the
-    schedule's events; ``model_flops``: the step's model FLOPs (for TFLOP/s)."""
-    n = len(stages)
-    stage_of = _stage_of(stages, world_size)
-    fwd_comms = list(forward.comms.values())
-    bwd_comms = list(backward.comms.values())
-    t_f = _per_stage(op_seconds(forward, dev, efficiency, fused), fwd_comms, stage_of, n, dev,
-                     gpus_per_node)
-    t_b = _per_stage(op_seconds(backward, dev, efficiency, fused), bwd_comms, stage_of, n, dev,
-                     gpus_per_node, skip=("grad_sync",))
-    pipeline, in_flight = replay(order, t_f, t_b)
-    sync = [0.0] * n
+    (held after the step), ``saved`` (activations one micro-batch keeps for its backward;
+    a list of one vector per stage with per-stage traces), ``transient`` (the peak of one
+    micro-batch's forward and backward above what it started with), ``boxing`` (peak
+    bytes of buffers boxing made). ``order``: the schedule's events; ``model_flops``: the
+    step's model FLOPs (for TFLOP/s)."""
+    n, p = len(stages), _device_count(stages)
+    device_of = _device_of(stages[:p], world_size)
+    forward, backward = _traces(forward), _traces(backward)
+    if len(forward) not in (1, n) or len(backward) != len(forward) or \
+            (len(forward) == 1 and n != p):
+        raise ValueError(f"step_report: give one forward and one backward trace per stage "
+                         f"({n}), or one of each when every stage has its own device; got "
+                         f"{len(forward)} and {len(backward)}")
+    fwd_comms = [c for t in forward for c in t.comms.values()]
+    bwd_comms = [c for t in backward for c in t.comms.values()]
+    t_f = _stage_seconds(forward, p, device_of, dev, gpus_per_node, efficiency, fused)
+    t_b = _stage_seconds(backward, p, device_of, dev, gpus_per_node, efficiency, fused,
+                         skip=("grad_sync",))
+    saved = memory["saved"]
+    saved = [np.asarray(v, np.int64) for v in saved] if isinstance(saved, (list, tuple)) \
+        else [np.asarray(saved, np.int64)]
+    # each stage weighs in with the bytes its fullest rank keeps per micro-batch
+    weights = [float(v.max()) if v.size else 0.0 for v in saved] if len(saved) == n \
+        else None
+    pipeline, in_flight = replay(order, t_f, t_b, p, weights)
+    sync = [0.0] * p
     for c in bwd_comms:
         if c.op == "grad_sync":
-            sync[stage_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpus_per_node) \
+            sync[device_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpus_per_node) \
                 * c.count
-    upd = _per_stage(op_seconds(update, dev, efficiency, False), list(update.comms.values()),
-                     stage_of, n, dev, gpus_per_node)
+    upd = _per_device(op_seconds(update, dev, efficiency, False), list(update.comms.values()),
+                      device_of, p, dev, gpus_per_node)
     tail = [a + b for a, b in zip(sync, upd)]
     slowest = int(np.argmax(tail))
     step = pipeline + tail[slowest]
-    busy = micro_batches * max(f + b for f, b in zip(t_f, t_b))
+    busy = micro_batches * max(sum(t_f[d::p]) + sum(t_b[d::p]) for d in range(p))
     bubble = max(0.0, 1.0 - busy / pipeline) if pipeline else 0.0
 
     # memory per rank, then classes of identical ranks
-    memory = {k: np.pad(np.asarray(v, np.int64)[:world_size],
-                        (0, max(0, world_size - np.size(v)))) for k, v in memory.items()}
-    in_flight_rank = np.asarray(in_flight, dtype=np.int64)[np.maximum(stage_of, 0)]
-    act = memory["saved"] * np.maximum(in_flight_rank - 1, 0) + memory["transient"]
+    def per_rank(v):
+        v = np.asarray(v, np.int64)[:world_size]
+        return np.pad(v, (0, max(0, world_size - v.size)))
+
+    memory = {k: per_rank(v) for k, v in memory.items() if k != "saved"}
+    saved = [per_rank(v) for v in saved]
+    kept = sum(saved)  # one micro-batch
+    if len(saved) == n:  # per stage: what each device keeps at its fullest
+        held = sum(v * in_flight[j] for j, v in enumerate(saved))
+    else:
+        held = kept * np.asarray(in_flight, dtype=np.int64)[np.maximum(device_of, 0)]
+    act = np.maximum(held - kept, 0) + memory["transient"]
     static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
-    rows = np.stack([stage_of, memory["parameters"], memory["gradients"], memory["optimizer"],
-                     act, memory["boxing"], static + act], axis=1)
+    rows = np.stack([device_of, memory["parameters"], memory["gradients"],
+                     memory["optimizer"], act, memory["boxing"], static + act], axis=1)
     unique, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
     classes = [dict(ranks=int(c), first=int(i), stage=int(u[0]), parameters=int(u[1]),
                     gradients=int(u[2]), optimizer=int(u[3]), activations=int(u[4]),
@@ -385,4 +460,4 @@ def step_report(*, stages: Sequence[Placement], forward: Trace, backward: Trace,
     collectives = list(merged.values())
     return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
                       in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
-                      classes, collectives, model_flops)
+                      classes, collectives, model_flops, p)

@@ -185,8 +185,7 @@ class _Unit:
         outer = ct.autograd.saved_hooks()
         # ids of the gathered shards, not the arrays: the hooks outlive the forward (each
         # op's backward keeps them), and must not keep what they are meant to free
-        gathered = [(weakref.ref(t), t._layout, {r: id(a) for r, a in t._shards.items()},
-                     source, self.full_sbp[name])
+        gathered = [(weakref.ref(t), t._layout, _shard_ids(t), source, self.full_sbp[name])
                     for name, (t, source) in self.gathered.items()] if self._zero3() else []
         # a half copy is recognised by identity (weakly: the hooks must not keep it alive)
         casts = {id(t): (weakref.ref(t), p) for t, p in self.casts.values()}
@@ -197,8 +196,7 @@ class _Unit:
             if hit is not None and hit[0]() is t:
                 return _Recast(hit[1], dtype)
             for ref, layout, ids, source, full in gathered:
-                if t is ref() or (t._layout == layout and t._shards and all(
-                        id(t._shards.get(r)) == i for r, i in ids.items())):
+                if t is ref() or (t._layout == layout and _shard_ids(t) == ids):
                     return _Regather(source, full)
             return outer[0](t) if outer is not None else t
 
@@ -208,6 +206,17 @@ class _Unit:
             return outer[1](obj) if outer is not None else obj
 
         return pack, unpack
+
+
+def _shard_ids(t) -> object:
+    """What tells ``t``'s memory apart: the ids of its shard arrays (``{rank: id}``), or of
+    its one buffer in a shape-only world; None once freed."""
+    shards = t._shards
+    if not shards:
+        return None
+    if type(shards) is dict:
+        return {r: id(a) for r, a in shards.items()}
+    return id(shards)
 
 
 def _unit(module: Module) -> _Unit:

@@ -356,6 +356,9 @@ class _Walk:
                                      async_op=True))
         else:
             self.arriving[(j + 1, m)] = (None, None)  # a move this rank takes no part in
+        if mine and j < self.J - 1 and out.grad_fn is not None:
+            # sent on: the backward needs its place in the graph, not its values
+            out = ct.autograd.graph_handle(out)
         self.outputs[(j, m)] = out
         return ready
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import ctensor as ct
-from conftest import assert_layout
+from conftest import MPI_MODE, assert_layout
 
 S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
 
@@ -125,3 +125,25 @@ def test_partial_semantics(mesh):
     assert z.sbp == _all(mesh, P)
     np.testing.assert_allclose(z.numpy(), [3.0, 6.0])
     np.testing.assert_allclose(x.exp().numpy(), np.exp([1.0, 2.0]))
+
+
+def test_graph_handle_keeps_the_graph_not_the_values(mesh):
+    # what a pipeline keeps of a stage's output once it has been sent on
+    xv = np.arange(1.0, 9.0)
+    x = ct.tensor(xv, placement=mesh, sbp=(ct.sbp.split(0),) * mesh.ndim, requires_grad=True)
+    y = (x * 3.0).exp()  # exp keeps its output for the backward: the handle needs none
+    root = ct.autograd.graph_handle(y)
+    del y
+    with ct.debug.track_memory():
+        z = (x * 3.0) * 1.0  # mul keeps no output: its values are z's alone
+        held = ct.debug.memory().current["activations"]
+        handle = ct.autograd.graph_handle(z)
+        del z
+        if not MPI_MODE or ct.rank() in mesh.rank_list:  # (a rank holding a shard of z)
+            assert ct.debug.memory().current["activations"] < held  # z's values are gone
+    assert root.shape == (8,) and root.sbp == x.sbp and root.requires_grad
+    handle.backward(ct.ones(8, placement=mesh, sbp=x.sbp))
+    root.backward(ct.ones(8, placement=mesh, sbp=x.sbp))
+    np.testing.assert_allclose(x.grad.numpy(), 3.0 + 3.0 * np.exp(3.0 * xv), rtol=1e-12)
+    with pytest.raises(ValueError, match="graph_handle"):
+        ct.autograd.graph_handle(x)  # a leaf: nothing to stand in for

@@ -26,26 +26,30 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "examples", "gpt"))
 
 
-def _step(meta: bool, recompute=False, sp=False):
-    """One training step of a small tensor x data parallel GPT: its comm log, parameter
-    layouts and count, output layout and per-rank peak bytes (with the cycle collector
-    paused, so that when it runs does not move a peak)."""
+def _step(meta: bool, variant: str = "plain"):
+    """One training step of a small tensor x data parallel GPT (``variant``: plain,
+    recompute, selective-sp — selective recompute and sequence parallelism — or fsdp): its
+    comm log, parameter layouts and count, output layout and per-rank peak bytes (with the
+    cycle collector paused, so that when it runs does not move a peak)."""
     gc.collect()
     gc.disable()
     try:
-        return _measured_step(meta, recompute, sp)
+        return _measured_step(meta, variant)
     finally:
         gc.enable()
 
 
-def _measured_step(meta: bool, recompute: bool, sp: bool):
+def _measured_step(meta: bool, variant: str):
+    recompute = {"recompute": True, "selective-sp": "selective"}.get(variant, False)
     with ct.simulate(4, meta=meta), ct.debug.track_memory():
         ct.manual_seed(0)
         mesh = ct.placement("cpu", [[0, 1], [2, 3]])
         gpt = nn.GPT(64, 16, 2, 4, 32, dropout=0.1, tie_weights=False, recompute=recompute)
         gpt.to_global(mesh, nn.parallel.hybrid_parallel_rules(gpt, 2, tp_axis=1))
-        if sp:  # (and the backward's re-gathers)
+        if variant == "selective-sp":  # (and the backward's re-gathers)
             nn.parallel.sequence_parallel(gpt, tp_axis=1)
+        if variant == "fsdp":  # parameters gathered per module, freed after its forward
+            nn.fully_shard(gpt, mesh)
         opt = optim.AdamW(gpt.parameters(), lr=1e-3)
         x = ct.zeros(4, 16, dtype=ct.int64, placement=mesh,
                      sbp=(ct.sbp.split(0), ct.sbp.broadcast))
@@ -63,10 +67,9 @@ def _measured_step(meta: bool, recompute: bool, sp: bool):
         return events, layouts, count, (logits.shape, logits.sbp), peaks, kinds
 
 
-@pytest.mark.parametrize("recompute, sp", [(False, False), (True, False), ("selective", True)],
-                         ids=["plain", "recompute", "selective-sp"])
-def test_meta_run_makes_the_real_runs_choices(recompute, sp):
-    real, meta = _step(False, recompute, sp), _step(True, recompute, sp)
+@pytest.mark.parametrize("variant", ["plain", "recompute", "selective-sp", "fsdp"])
+def test_meta_run_makes_the_real_runs_choices(variant):
+    real, meta = _step(False, variant), _step(True, variant)
     assert meta[0] == real[0]  # every collective: op, kind, bytes, mesh axis, shape, SBPs
     assert meta[1] == real[1] and meta[2] == real[2] and meta[3] == real[3]
     for r in range(4):
@@ -78,8 +81,8 @@ def test_meta_memory_matches_the_real_runs_shard_bytes():
     # in a fresh process: a long-lived one's accounting of real shards can be a few per
     # cent off (buffers are told apart by address, and addresses are reused)
     code = ("import json, sys; sys.path.insert(0, 'tests'); import test_meta as t; "
-            "print(json.dumps([[t._step(m, r)[4] for m in (False, True)] "
-            "for r in (False, True)]))")
+            "print(json.dumps([[t._step(m, v)[4] for m in (False, True)] "
+            "for v in ('plain', 'recompute', 'fsdp')]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -160,6 +163,26 @@ def test_plan_schedule_recompute_and_nodes():
     assert one.fits and "fits" in one.verdict()
     tiny = _plan(base + ["--device", "v100-16gb", "--hidden", "4096", "--heads", "32"])
     assert tiny.fits == (tiny.worst["total"] <= 16 * 2 ** 30)
+
+
+def test_plan_interleaved_and_fully_sharded():
+    base = ("--dp 2 --tp 2 --pp 2 --layers 8 --hidden 256 --heads 8 --seq-len 128 "
+            "--vocab 1024 --global-batch 32 --micro-batches 8").split()
+    one = _plan(base)
+    inter = _plan(base + ["--schedule", "interleaved", "--virtual-stages", "2"])
+    assert len(inter.stage_forward) == 4 and inter.devices == 2
+    # two chunks per device: half the bubble of 1F1B (about (p-1)/(v m + p-1)), and more
+    # micro-batch chunks in flight on the first device
+    assert inter.bubble_fraction < 0.75 * one.bubble_fraction
+    assert inter.in_flight_on(0) > one.in_flight_on(0)
+    assert sum(c["ranks"] for c in inter.classes) == 8
+    for zero in ("zero3", "zero2"):  # parameters, gradients, states sharded over dp = 2
+        sharded = _plan(base + ["--fsdp", zero])
+        for kind in ("parameters", "gradients", "optimizer"):
+            assert sharded.worst[kind] < 0.6 * one.worst[kind], (zero, kind)
+    import plan
+    with pytest.raises(SystemExit):
+        plan.parse_args(base + ["--virtual-stages", "2"])  # needs --schedule interleaved
 
 
 def test_plan_of_the_1t_model_on_3072_ranks():

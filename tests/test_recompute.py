@@ -105,7 +105,9 @@ def test_pipeline_recompute_same_loss_curve():
     else:
         size = ["--simulate", "2"]
     args = TINY + size + ["--pp", "2"]
-    np.testing.assert_array_equal(train.run(args + ["--recompute"]), train.run(args))
+    plain = train.run(args)
+    np.testing.assert_array_equal(train.run(args + ["--recompute"]), plain)
+    np.testing.assert_array_equal(train.run(args + ["--recompute", "selective"]), plain)
 
 
 def test_checkpoint_function_of_several_tensors():

@@ -32,7 +32,8 @@ import ctensor.nn.functional as F  # noqa: E402
 import ctensor.optim as optim  # noqa: E402
 from ctensor.nn.pipeline import schedule  # noqa: E402
 from ctensor.memory import meta_peaks  # noqa: E402
-from train import StageModule, _at_least  # noqa: E402
+from train import (PRECISIONS, _at_least, add_memory_options, add_model_options,  # noqa: E402
+                   apply_memory_options, check_pipeline_options, stage_modules)
 
 QUICK = ["--dp", "2", "--tp", "2", "--pp", "2", "--layers", "4", "--hidden", "256",
          "--heads", "8", "--seq-len", "128", "--global-batch", "16", "--micro-batches", "4",
@@ -43,27 +44,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dp", type=_at_least(1), default=1, help="data-parallel size")
-    p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
-    p.add_argument("--micro-batches", type=_at_least(1), default=1,
-                   help="micro-batches per step (each of global-batch / micro-batches "
-                        "sequences, split over the data-parallel ranks)")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
-    p.add_argument("--layers", type=_at_least(1), default=24)
-    p.add_argument("--hidden", type=_at_least(1), default=1024)
-    p.add_argument("--heads", type=_at_least(1), default=16)
-    p.add_argument("--seq-len", type=_at_least(1), default=1024)
-    p.add_argument("--global-batch", type=_at_least(1), default=8)
+    add_model_options(p, layers=24, hidden=1024, heads=16, seq_len=1024)
     p.add_argument("--vocab", type=_at_least(1), default=51200)
-    p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--recompute", nargs="?", const="full", choices=["full", "selective"],
-                   help="activation recompute: full (every block keeps only its input) or "
-                        "selective (only the attention core is recomputed)")
-    p.add_argument("--sequence-parallel", action="store_true",
-                   help="split the residual stream along the sequence on the tensor axis")
-    p.add_argument("--precision", choices=["fp32", "fp16", "bf16"], default="fp16",
-                   help="compute dtype (fp16/bf16: half-precision compute over float32 "
-                        "master weights; bf16 is planned with float16's sizes)")
+    add_memory_options(p, precision="fp16",
+                       precision_help="compute dtype (fp16/bf16: half-precision compute over "
+                                      "float32 master weights; bf16 is planned with "
+                                      "float16's sizes)")
     p.add_argument("--device", default="a100-80gb",
                    help=f"one of {sorted(ct.plan.devices())} or a device of --device-file")
     p.add_argument("--device-file", help="a TOML file of device descriptions "
@@ -82,8 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.device not in ct.plan.devices():
         p.error(f"--device {a.device!r}: unknown; known: {sorted(ct.plan.devices())}")
     problems = []
-    if a.layers < a.pp:
-        problems.append(f"--layers {a.layers} < --pp {a.pp}: every stage needs a block")
+    if a.layers < a.pp * a.virtual_stages:
+        problems.append(f"--layers {a.layers} < --pp {a.pp} x --virtual-stages "
+                        f"{a.virtual_stages}: every stage needs a block")
     if a.hidden % a.heads or a.heads % a.tp:
         problems.append(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}, and "
                         f"--heads of --tp {a.tp} (whole heads per rank)")
@@ -92,6 +79,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         f"--micro-batches {a.micro_batches} x --dp {a.dp}")
     if problems:
         p.error("; ".join(problems))
+    try:
+        check_pipeline_options(a, "plan.py")
+    except SystemExit as exc:
+        p.error(str(exc).removeprefix("plan.py: "))
     return a
 
 
@@ -103,33 +94,56 @@ def model_flops(a) -> float:
 
 
 def build(a) -> list:
-    """The stages laid out as ``train.py`` lays them out (see the module docstring)."""
+    """The stages laid out as ``train.py`` lays them out (see the module docstring), on
+    ``cuda`` placements, each stage's input sequence-split over the tensor axis."""
     ct.manual_seed(0)
     gpt = nn.GPT(a.vocab, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
                  tie_weights=False, dtype=np.float32)
-    if a.recompute:
-        gpt.recompute = True if a.recompute == "full" else "selective"
-    bounds = np.linspace(0, a.layers, a.pp + 1).round().astype(int)
-    stages = []
-    for s in range(a.pp):
-        ranks = np.arange(s * a.dp * a.tp, (s + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
-        mesh = ct.placement("cuda", ranks.tolist())
-        module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == a.pp - 1)
-        module.recompute_embeddings = a.recompute == "full"
-        rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
-        for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
-            if name in rules:
-                rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
-        module.to_global(mesh, rules)
-        if a.precision != "fp32":
-            nn.mixed_precision(module, "float16")
-        # a stage's input travels split along the sequence over the tensor axis and is
-        # gathered inside the node (Megatron's scatter/gather of pipeline transfers)
-        stages.append(nn.pipeline.Stage(module, mesh,
-                                        input_sbp=(ct.sbp.split(0), ct.sbp.split(1))))
-    if a.sequence_parallel and a.tp > 1:  # the whole GPT at once (its embedding dropout too)
-        nn.parallel.sequence_parallel(gpt, tp_axis=1)
+    stages = stage_modules(gpt, a, "cuda", scatter_transfers=True)
+    half = PRECISIONS[a.precision] and "float16"  # (bf16: float16's sizes)
+    apply_memory_options(gpt, stages, a.recompute, a.fsdp, half)
     return stages
+
+
+def _one_micro_batch(stages, x, y) -> tuple:
+    """One micro-batch forward and backward stage by stage, as ``nn.pipeline`` runs it:
+    each stage's input a leaf, its output sent on and then kept as a graph handle, its
+    input's gradient sent back. Returns per stage the forward and backward traces and the
+    activation bytes (per rank) it keeps until its backward: what its ranks gained during
+    its forward, and the input it received (made on its ranks during the previous one)."""
+    n, world = len(stages), ct.world_size()
+    ranks = [np.isin(np.arange(world), st.placement.rank_list) for st in stages]
+    forward, backward, ins, outs = [], [], [], []
+    saved = [np.zeros(world, dtype=np.int64) for _ in stages]
+    h = x
+    for j, st in enumerate(stages):
+        before = meta_peaks(world)["current_activations"]
+        with ct.plan.record() as trace:
+            if j:
+                h.requires_grad_()
+            ins.append(h)
+            out = st.module(h)
+            if j == n - 1:
+                out = F.cross_entropy(out, y)
+            else:
+                h = out.detach().to_global(stages[j + 1].placement, stages[j + 1].input_sbp)
+                out = ct.autograd.graph_handle(out)
+        outs.append(out)
+        forward.append(trace)
+        gained = meta_peaks(world)["current_activations"] - before
+        saved[j] += np.where(ranks[j], gained, 0)
+        if j + 1 < n and stages[j + 1].placement != st.placement:
+            saved[j + 1] += np.where(ranks[j + 1], gained, 0)
+    del h, out
+    grad = None
+    for j in reversed(range(n)):
+        with ct.plan.record() as trace:
+            outs[j].backward(grad)
+            if j:
+                grad = ins[j].grad.detach().to_global(outs[j - 1].placement, outs[j - 1].sbp)
+        backward.append(trace)
+        ins[j] = outs[j] = None
+    return forward, backward[::-1], saved
 
 
 def plan(a) -> ct.plan.StepReport:
@@ -137,7 +151,7 @@ def plan(a) -> ct.plan.StepReport:
     world = a.dp * a.tp * a.pp
     with ct.simulate(world, meta=True), ct.debug.track_memory():
         stages = build(a)
-        params = [p for st in stages for p in st.module.parameters()]
+        params = list({id(p): p for st in stages for p in st.module.parameters()}.values())
         optimizer = optim.AdamW(params, lr=1e-4, weight_decay=0.1)
         micro = a.global_batch // a.micro_batches
         batch_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
@@ -146,32 +160,21 @@ def plan(a) -> ct.plan.StepReport:
         y = ct.zeros(micro, a.seq_len, dtype=ct.int64, placement=stages[-1].placement,
                      sbp=batch_sbp)
         ct.debug.reset_peak_memory()
-        start = meta_peaks()
-        before, total_before = start["current_activations"], start["current_total"]
-        with ct.plan.record() as forward:
-            h = x
-            for i, st in enumerate(stages):
-                if i:
-                    h = h.to_global(st.placement, st.input_sbp or h.sbp)
-                h = st.module(h)
-            loss = F.cross_entropy(h, y)
-        saved = meta_peaks()["current_activations"] - before
-        with ct.plan.record() as backward:
-            loss.backward()
-        figures = meta_peaks()
+        total_before = meta_peaks(world)["current_total"]
+        forward, backward, saved = _one_micro_batch(stages, x, y)
+        figures = meta_peaks(world)
         # the peak above the start, less the gradients (made during the backward and
         # counted with the parameters' state below)
         transient = np.maximum(figures["total"] - total_before
-                               - figures["current_gradients"], saved)
-        del h, loss
+                               - figures["current_gradients"], sum(saved))
         with ct.plan.record() as update:
             optimizer.step()
-        figures = meta_peaks()
+        figures = meta_peaks(world)
         memory = dict(parameters=figures["current_parameters"],
                       gradients=figures["current_gradients"],
                       optimizer=figures["current_optimizer"], saved=saved,
                       transient=transient, boxing=figures["boxing"])
-        order = schedule(a.pp, a.micro_batches, a.schedule)
+        order = schedule(a.pp, a.micro_batches, a.schedule, a.virtual_stages)
         return ct.plan.step_report(stages=[st.placement for st in stages], forward=forward,
                                    backward=backward, update=update, memory=memory,
                                    order=order, micro_batches=a.micro_batches,
@@ -187,7 +190,9 @@ def run(argv=None) -> ct.plan.StepReport:
     n = sum(c["ranks"] for c in report.classes)
     print(f"GPT {a.dp}x{a.tp}x{a.pp}_{a.global_batch}_{a.hidden}x{a.layers} (heads {a.heads}, "
           f"seq {a.seq_len}, vocab {a.vocab}, recompute {a.recompute or 'none'}, "
-          f"{a.precision}{', sequence parallel' if a.sequence_parallel else ''}); planned "
+          f"{a.precision}{', sequence parallel' if a.sp else ''}"
+          f"{f', fsdp {a.fsdp}' if a.fsdp else ''}, {a.schedule}"
+          f"{f' x {a.virtual_stages} chunks' if a.virtual_stages > 1 else ''}); planned "
           f"shape-only for {n} ranks in {time.perf_counter() - t0:.1f} s")
     print(report)
     return report

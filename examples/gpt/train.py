@@ -58,28 +58,46 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def add_model_options(p: argparse.ArgumentParser, **defaults) -> None:
+    """The model and its layout: ``--tp --sp --pp --micro-batches --schedule
+    --virtual-stages --layers --hidden --heads --seq-len --global-batch --dropout`` (the
+    options ``plan.py`` shares; ``defaults`` overrides the defaults by option name)."""
+    d = dict(layers=2, hidden=64, heads=4, seq_len=32, global_batch=8, dropout=0.1)
+    d.update(defaults)
+    p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
+    p.add_argument("--sp", "--sequence-parallel", dest="sp", action="store_true",
+                   help="sequence parallel on the tensor-parallel axis (Megatron-SP: the "
+                        "residual stream split along the sequence; needs --tp > 1)")
+    p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
+    p.add_argument("--micro-batches", type=_at_least(1), default=1,
+                   help="micro-batches per step (each of global-batch / micro-batches "
+                        "sequences, split over the data-parallel ranks)")
+    p.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b",
+                   help="pipeline schedule: gpipe, 1f1b, or interleaved 1F1B (Megatron-LM)")
+    p.add_argument("--virtual-stages", type=_at_least(1), default=1,
+                   help="model chunks per pipeline device for --schedule interleaved (the "
+                        "layers are split into pp x virtual-stages stages)")
+    p.add_argument("--layers", type=_at_least(1), default=d["layers"])
+    p.add_argument("--hidden", type=_at_least(1), default=d["hidden"])
+    p.add_argument("--heads", type=_at_least(1), default=d["heads"])
+    p.add_argument("--seq-len", type=_at_least(1), default=d["seq_len"])
+    p.add_argument("--global-batch", type=_at_least(1), default=d["global_batch"])
+    p.add_argument("--dropout", type=float, default=d["dropout"])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dp", type=_at_least(1), default=None,
                    help="data-parallel size (default: the world size / (tp * pp))")
-    p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
-    p.add_argument("--sp", action="store_true",
-                   help="sequence parallel on the tensor-parallel axis (Megatron-SP: the "
-                        "residual stream split along the sequence; needs --tp > 1)")
-    p.add_argument("--pp", type=_at_least(1), default=1, help="pipeline stages")
-    p.add_argument("--micro-batches", type=_at_least(1), default=1)
-    add_pipeline_options(p)
-    p.add_argument("--layers", type=_at_least(1), default=2)
-    p.add_argument("--hidden", type=_at_least(1), default=64)
-    p.add_argument("--heads", type=_at_least(1), default=4)
-    p.add_argument("--seq-len", type=_at_least(1), default=32)
-    p.add_argument("--global-batch", type=_at_least(1), default=8)
+    add_model_options(p)
+    p.add_argument("--timeline", help="write a picture of the last step's pipeline schedule "
+                                      "(one row per rank: forward, backward, idle) to this "
+                                      "file: .svg needs nothing, .png needs matplotlib")
     p.add_argument("--steps", type=_at_least(1), default=50)
     p.add_argument("--lr", type=_non_negative, default=3e-3)
     p.add_argument("--warmup", type=_at_least(0), default=5,
                    help="warm-up steps of the cosine schedule")
-    p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--clip", type=_non_negative, default=1.0, help="max grad norm (0: off)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -92,6 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_memory_options(p)
+    p.add_argument("--track-memory", action="store_true",
+                   help="count bytes of shards per rank (ct.debug.memory) and report peaks")
     a = p.parse_args(argv)
     check_memory_options(p, a)
     return a
@@ -153,17 +173,26 @@ def build(a):
     if a.layers < a.pp:
         raise SystemExit(f"train.py: --layers {a.layers} < --pp {a.pp}: every stage needs a block")
     check_pipeline_options(a)
-    dtype = np.dtype(a.dtype)
     ct.manual_seed(a.seed)
     gpt = nn.GPT(VOCAB_SIZE, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
-                 tie_weights=False, dtype=dtype)  # untied: the head may sit on another stage
+                 tie_weights=False, dtype=np.dtype(a.dtype))  # untied: the head may sit on
+    return gpt, stage_modules(gpt, a, a.device)              # another stage
+
+
+def stage_modules(gpt: nn.GPT, a, device: str, scatter_transfers: bool = False) -> list:
+    """``gpt`` split into ``pp x virtual-stages`` pipeline stages, virtual stage ``s`` on
+    device ``s % pp``: the ``(dp, tp)`` mesh of ranks ``[d*dp*tp, (d+1)*dp*tp)``, with
+    Megatron tensor parallel on mesh axis 1, the vocabulary-parallel embedding and head,
+    and with ``a.sp`` sequence parallel. A stage receives its input sequence-split over
+    the tensor axis with ``a.sp`` or ``scatter_transfers`` (1/tp of it crosses between
+    nodes and is gathered inside: Megatron-LM's scatter/gather of pipeline transfers)."""
     n_stages = a.pp * a.virtual_stages  # virtual stage s runs on device s % pp
     bounds = np.linspace(0, a.layers, n_stages + 1).round().astype(int)
     stages = []
     for s in range(n_stages):
         d = s % a.pp
         ranks = np.arange(d * a.dp * a.tp, (d + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
-        mesh = ct.placement(a.device, ranks.tolist())
+        mesh = ct.placement(device, ranks.tolist())
         module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == n_stages - 1)
         rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
         for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
@@ -171,12 +200,12 @@ def build(a):
                 rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
         module.to_global(mesh, rules)
         input_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
-        if a.sp and s > 0:  # a stage receives the residual stream sequence-split: 1/tp moves
+        if (a.sp or scatter_transfers) and s > 0:  # the residual stream sequence-split
             input_sbp = (ct.sbp.split(0), ct.sbp.split(1))
         stages.append(Stage(module, mesh, input_sbp=input_sbp))
-    if a.sp:  # the residual stream split along the sequence on the tp axis, every stage
+    if a.sp and a.tp > 1:  # the residual stream split along the sequence on the tp axis
         nn.parallel.sequence_parallel(gpt, tp_axis=1)
-    return gpt, stages
+    return stages
 
 
 def main(a) -> list:
@@ -300,36 +329,26 @@ def main(a) -> list:
 
 
 # ----------------------------------------------------------------------------- pipeline options
-# --schedule, --virtual-stages and --timeline: the pipeline schedule and the picture of it.
+# --schedule and --virtual-stages (add_model_options) and --timeline: the pipeline schedule
+# and the picture of it.
 
 
-def add_pipeline_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedule", choices=list(SCHEDULES), default="1f1b",
-                   help="pipeline schedule: gpipe, 1f1b, or interleaved 1F1B (Megatron-LM)")
-    p.add_argument("--virtual-stages", type=_at_least(1), default=1,
-                   help="model chunks per pipeline device for --schedule interleaved (the "
-                        "layers are split into pp x virtual-stages stages)")
-    p.add_argument("--timeline", help="write a picture of the last step's pipeline schedule "
-                                      "(one row per rank: forward, backward, idle) to this "
-                                      "file: .svg needs nothing, .png needs matplotlib")
-
-
-def check_pipeline_options(a) -> None:
+def check_pipeline_options(a, prog: str = "train.py") -> None:
     """Usage errors of the pipeline (and sequence-parallel) options, before any
-    collective."""
+    collective (``SystemExit`` with the message, which begins with ``prog``)."""
     if a.sp and a.tp < 2:
-        raise SystemExit(f"train.py: --sp splits the sequence over the tensor-parallel ranks "
+        raise SystemExit(f"{prog}: --sp splits the sequence over the tensor-parallel ranks "
                          f"and needs --tp > 1 (got --tp {a.tp})")
     v = a.virtual_stages
     if v > 1 and a.schedule != "interleaved":
-        raise SystemExit(f"train.py: --virtual-stages {v} needs --schedule interleaved "
+        raise SystemExit(f"{prog}: --virtual-stages {v} needs --schedule interleaved "
                          f"(got --schedule {a.schedule})")
     if a.layers % (a.pp * v) and v > 1:
-        raise SystemExit(f"train.py: --virtual-stages {v} does not divide the layers: --layers "
+        raise SystemExit(f"{prog}: --virtual-stages {v} does not divide the layers: --layers "
                          f"{a.layers} must be a multiple of --pp x --virtual-stages = "
                          f"{a.pp * v}")
     if a.schedule == "interleaved" and v > 1 and a.micro_batches < a.pp:
-        raise SystemExit(f"train.py: --schedule interleaved needs --micro-batches >= --pp "
+        raise SystemExit(f"{prog}: --schedule interleaved needs --micro-batches >= --pp "
                          f"(got {a.micro_batches} < {a.pp})")
 
 
@@ -367,22 +386,24 @@ def peak_memory_per_rank() -> list:
 PRECISIONS = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
 
 
-def add_memory_options(p: argparse.ArgumentParser) -> None:
-    """--recompute, --fsdp, --precision, --track-memory (see MemoryOptions)."""
+def add_memory_options(p: argparse.ArgumentParser, precision: str = "fp32",
+                       precision_help: str = "compute dtype: fp32 (--dtype throughout), fp16 "
+                       "(float16 compute, --dtype master weights, dynamic loss scaling); bf16 "
+                       "is refused: NumPy has no bfloat16") -> None:
+    """--recompute, --fsdp, --precision (see MemoryOptions; ``plan.py`` shares them, with
+    its own default and meaning of ``--precision``)."""
     g = p.add_argument_group("memory", "activation recompute, fully sharded data parallel, "
-                                       "mixed precision, memory figures")
-    g.add_argument("--recompute", action="store_true",
-                   help="checkpoint every block: keep only its input, recompute the rest")
+                                       "mixed precision")
+    g.add_argument("--recompute", nargs="?", const="full", choices=["full", "selective"],
+                   help="activation recompute: full (alone: every block keeps only its "
+                        "input, the rest is recomputed) or selective (only the attention "
+                        "core: Korthikanti et al. 2022)")
     g.add_argument("--fsdp", nargs="?", const="zero3", choices=["zero3", "zero2"],
                    help="fully shard parameters, gradients and optimizer states along the "
                         "data-parallel mesh axis (zero3: free gathered parameters after each "
                         "module's forward; zero2: keep them until its backward)")
-    g.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32",
-                   help="compute dtype: fp32 (--dtype throughout), fp16 (float16 compute, "
-                        "--dtype master weights, dynamic loss scaling); bf16 is refused: "
-                        "NumPy has no bfloat16")
-    g.add_argument("--track-memory", action="store_true",
-                   help="count bytes of shards per rank (ct.debug.memory) and report peaks")
+    g.add_argument("--precision", choices=sorted(PRECISIONS), default=precision,
+                   help=precision_help)
 
 
 def check_memory_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -392,6 +413,20 @@ def check_memory_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> N
             nn.compute_dtype(PRECISIONS[a.precision])
         except TypeError as exc:
             p.error(f"--precision {a.precision}: {exc}".replace("mixed_precision: ", ""))
+
+
+def apply_memory_options(gpt, stages, recompute, fsdp, dtype) -> None:
+    """Recompute (``"full"``, ``"selective"`` or None), fully shard (``"zero3"``,
+    ``"zero2"`` or None) and compute in ``dtype`` (None: the parameters' own) each stage."""
+    if recompute:
+        gpt.recompute = True if recompute == "full" else "selective"
+    for st in stages:
+        st.module.recompute_embeddings = recompute == "full"
+        if fsdp:
+            nn.fully_shard(st.module, st.placement, dp_axis=0,
+                           reshard_after_forward=fsdp == "zero3")
+        if dtype is not None:
+            nn.mixed_precision(st.module, dtype)
 
 
 class MemoryOptions:
@@ -406,15 +441,7 @@ class MemoryOptions:
 
     def setup(self, gpt, stages) -> None:
         a = self.a
-        if a.recompute:
-            gpt.recompute = True
-        for st in stages:
-            st.module.recompute_embeddings = bool(a.recompute)
-            if a.fsdp:
-                nn.fully_shard(st.module, st.placement, dp_axis=0,
-                               reshard_after_forward=a.fsdp == "zero3")
-            if PRECISIONS[a.precision] is not None:
-                nn.mixed_precision(st.module, PRECISIONS[a.precision])
+        apply_memory_options(gpt, stages, a.recompute, a.fsdp, PRECISIONS[a.precision])
         if a.precision == "fp16":
             self.scaler = optim.GradScaler(init_scale=2.0 ** 12, growth_interval=100)
         if a.track_memory:
