@@ -13,6 +13,7 @@ from . import autograd, boxing
 from .comm import context
 from .dispatch import BackwardContext, OpDef
 from .layout import Layout
+from .meta import MetaBuffer
 from .tensor import Tensor
 
 __all__ = ["PendingTensor", "start"]
@@ -57,6 +58,8 @@ def start(opdef: OpDef, x: Tensor, target: Layout) -> PendingTensor:
     autograd with ``opdef``'s backward (the reverse move) when ``x`` needs a gradient now."""
     if x._layout is target or x._layout == target:
         return PendingTensor(None, tensor=x)
+    if type(x._shards) is MetaBuffer:  # shape-only: nothing moves, so nothing is pending
+        return PendingTensor(None, tensor=opdef(x, placement=target.placement, sbp=target.sbp))
     context.op_stack.append(opdef.name)
     try:
         pending = boxing.box_start(x._shards, x._layout, target)

@@ -221,7 +221,8 @@ def pipeline_step(stages: Sequence[Stage], inputs: Sequence, loss_fn: Callable,
     ``targets[m]`` its target on the last stage's placement; ``loss_fn(output, target)``
     returns a scalar. The loss of the whole batch is the mean over micro-batches; parameter
     grads accumulate accordingly (call ``optimizer.step()`` afterwards). Returns the loss as
-    a float on every rank. ``kind`` is one of :data:`SCHEDULES`; for ``"interleaved"``,
+    a float on every rank (nan in a shape-only world, ``ct.simulate(n, meta=True)``, where
+    no values exist). ``kind`` is one of :data:`SCHEDULES`; for ``"interleaved"``,
     ``stages`` holds ``p * num_model_chunks`` virtual stages in model order, stage ``j`` on
     the placement of stage ``j % p``. ``timeline`` (a :class:`Timeline`) records when each
     rank computed and waited, and the activation memory each stage held (one small
@@ -246,6 +247,10 @@ def pipeline_step(stages: Sequence[Stage], inputs: Sequence, loss_fn: Callable,
     if timeline is not None and not isinstance(timeline, Timeline):
         raise TypeError(f"pipeline_step: argument 'timeline' must be an nn.pipeline.Timeline "
                         f"or None, got {type(timeline).__name__}")
+    if timeline is not None and ct.runtime.is_meta():
+        raise ValueError("pipeline_step: argument 'timeline': a shape-only world "
+                         "(ct.simulate(n, meta=True)) computes nothing, so there are no times "
+                         "to record; plan the schedule with ct.plan.replay instead")
     p = _devices(stages, num_model_chunks)
     _check_counts("pipeline_step", p, len(inputs), kind, num_model_chunks)
     order = schedule(p, len(inputs), kind, num_model_chunks)
@@ -317,7 +322,9 @@ class _Walk:
             else:
                 x = moving.wait()
                 if mine:
-                    offset = int(next(iter(moving_offset.wait().local_shards().values()))[0])
+                    moved_offset = moving_offset.wait()
+                    if not moved_offset.is_meta:  # (shape-only: no random values to align)
+                        offset = int(next(iter(moved_offset.local_shards().values()))[0])
         ready = time.perf_counter()
         if j > 0 and x.dtype.kind in "fc":
             x = x.detach().requires_grad_()
@@ -396,7 +403,7 @@ class _Walk:
         total = self.losses[0]
         for loss in self.losses[1:]:
             total = total + loss
-        value = float(total.item())
+        value = float("nan") if total.is_meta else float(total.item())
         if self.recorder is not None:
             self.recorder.finish()
         return value

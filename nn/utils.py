@@ -49,7 +49,7 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
             total = ct.maximum(total, part) if math.isinf(norm_type) else total + part
         if not math.isinf(norm_type):
             total = total ** (1.0 / norm_type)
-        if error_if_nonfinite:
+        if error_if_nonfinite and not total.is_meta:  # (shape-only: no values to check)
             value = float(total.item())
             if not math.isfinite(value):
                 raise ValueError(f"clip_grad_norm_: the total norm of order {norm_type} of the "

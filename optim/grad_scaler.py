@@ -117,6 +117,8 @@ class GradScaler:
                 part = (g * 0.0).sum()
             part = part.to(ct.float32).to_global(home, replicated)
             total = part if total is None else total + part
+        if total.is_meta:  # shape-only: no values, taken as finite (the step runs)
+            return False
         return not math.isfinite(float(total.item()))  # .item(): every rank of the world
 
     def step(self, optimizer, *args, **kwargs):

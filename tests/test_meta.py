@@ -5,6 +5,7 @@ Simulation only: a shape-only world is a simulation (under mpiexec these tests s
 """
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
@@ -16,6 +17,7 @@ import pytest
 
 import ctensor as ct
 import ctensor.nn as nn
+import ctensor.nn.functional as F
 import ctensor.optim as optim
 from ctensor import runtime
 
@@ -211,3 +213,57 @@ def test_plan_of_korthikanti_1t_fits_in_80_gb():
     # normalised output too): within 1.3x, well under the gathered copies' 2x
     megatron = 34 * 2048 * 25600 / 8 * 2 * 64
     assert megatron < report.worst["activations"] < 1.3 * megatron
+
+
+def _pipeline_step(meta: bool):
+    """One 1F1B step of a 2-stage, tensor-parallel GPT through ``nn.pipeline.pipeline_step``
+    (with loss scaling and gradient clipping, as train.py runs it): the loss, the comm log
+    and the gradients' layouts."""
+    from train import StageModule
+    with ct.simulate(4, meta=meta):
+        ct.manual_seed(0)
+        gpt = nn.GPT(64, 16, 2, 4, 32, dropout=0.1, tie_weights=False)
+        stages = []
+        for s in range(2):
+            mesh = ct.placement("cpu", [[2 * s, 2 * s + 1]])
+            module = StageModule(gpt, s, s + 1, s == 0, s == 1)
+            module.to_global(mesh, nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1))
+            stages.append(nn.pipeline.Stage(module, mesh))
+        scaler = optim.GradScaler()
+        params = [p for st in stages for p in st.module.parameters()]
+        opt = optim.AdamW(params, lr=1e-3)
+        sbp = (ct.sbp.split(0), ct.sbp.broadcast)
+        xs = [ct.zeros(2, 16, dtype=ct.int64, placement=stages[0].placement, sbp=sbp)
+              for _ in range(4)]
+        ys = [ct.zeros(2, 16, dtype=ct.int64, placement=stages[1].placement, sbp=sbp)
+              for _ in range(4)]
+        with ct.debug.comm_log() as log:
+            loss = nn.pipeline.pipeline_step(
+                stages, xs, lambda out, y: scaler.scale(F.cross_entropy(out, y)), ys)
+            scaler.unscale_(opt)
+            nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
+            scaler.step(opt)
+        events = [(e.op, e.collective, e.nbytes, e.mesh_axis, e.shape, e.src, e.dst)
+                  for e in log]
+        return loss, events, [(p.grad.shape, p.grad.sbp) for p in params]
+
+
+def test_pipeline_step_runs_shape_only():
+    real_loss, real_events, real_grads = _pipeline_step(False)
+    meta_loss, meta_events, meta_grads = _pipeline_step(True)
+    assert np.isfinite(real_loss) and np.isnan(meta_loss)  # no values: nan, not an error
+    # the same collectives (a real run logs an asynchronous move when it completes, so the
+    # order differs), less the real run's value reads: .item() of the loss, the gradient
+    # norm and the scaler's inf check, each a scalar sent to the whole world
+    reads = [e for e in real_events if e[4] == () and e[6] == (ct.sbp.broadcast,)]
+    assert len(reads) == 3
+    assert collections.Counter(meta_events) == \
+        collections.Counter(e for e in real_events if e not in reads)
+    assert meta_grads == real_grads
+    with ct.simulate(2, meta=True):
+        p = ct.placement("cpu", [0])
+        st = [nn.pipeline.Stage(nn.Linear(4, 4), p),
+              nn.pipeline.Stage(nn.Linear(4, 4), ct.placement("cpu", [1]))]
+        with pytest.raises(ValueError, match="no times to record"):
+            nn.pipeline.pipeline_step(st, [ct.zeros(2, 4, placement=p)], lambda o, y: o.sum(),
+                                      [None], timeline=nn.pipeline.Timeline())
