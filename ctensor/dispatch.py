@@ -137,12 +137,13 @@ class OpDef:
     def grad_kernel(self, suffix: str, kernel: Callable, *, meta: Callable,
                     signatures: Callable, needs_ctx: bool = False,
                     backward: Optional[Callable] = None,
-                    flops: Optional[Callable] = None, saves=None) -> "OpDef":
+                    flops: Optional[Callable] = None, saves=None,
+                    n_outputs: int = 1) -> "OpDef":
         """Declare a kernel that computes a gradient of this op (``gelu.grad_kernel("grad",
         ...)``), named ``<op>.<suffix>``. It is part of this op's declaration: it has no
         public name and is reached through this OpDef (``opdef.grads[suffix]``)."""
         child = OpDef(f"{self.name}.{suffix}", kernel, meta, signatures, backward, needs_ctx,
-                      flops=flops, saves=saves)
+                      n_outputs, flops=flops, saves=saves)
         self.grads[suffix] = child
         return child
 

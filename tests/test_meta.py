@@ -209,10 +209,11 @@ def test_plan_of_korthikanti_1t_fits_in_80_gb():
     assert report.fits, report.verdict()
     assert report.in_flight[0] == 64 and report.worst["stage"] == 0
     # Korthikanti et al.'s estimate: 34 s b h / t bytes per layer and micro-batch; stage 0
-    # holds 64 micro-batches of 2 layers. ctensor keeps about that (its LayerNorm keeps its
-    # normalised output too): within 1.3x, well under the gathered copies' 2x
+    # holds 64 micro-batches of 2 layers. ctensor keeps about that (and the embedding's
+    # output, each stage's received input): within 1.15x, far under the gathered copies' 2x
+    # or a LayerNorm keeping its normalised output (1.18x)
     megatron = 34 * 2048 * 25600 / 8 * 2 * 64
-    assert megatron < report.worst["activations"] < 1.3 * megatron
+    assert megatron < report.worst["activations"] < 1.15 * megatron
 
 
 def _pipeline_step(meta: bool):

@@ -98,6 +98,23 @@ def _layer_norm_grad_ref(g, x):
     return rstd * (g - g.mean(-1, keepdims=True) - xhat * (g * xhat).mean(-1, keepdims=True))
 
 
+def _layer_norm_affine_grad_ref(k):
+    """Output ``k`` of ``layer_norm.grad_affine(g, x, w)``: d/dx, then the weight's and the
+    bias's gradients (sums over the rows)."""
+    def ref(g, x, w):
+        if k == 0:
+            return _layer_norm_grad_ref(g * w, x)
+        xc = x - x.mean(-1, keepdims=True)
+        xhat = xc / np.sqrt((xc * xc).mean(-1, keepdims=True) + 1e-5)
+        return (g * xhat).sum(0) if k == 1 else g.sum(0)
+    return ref
+
+
+def _layer_norm_affine_grad(k):
+    grad = ct.layer_norm.op.grads["grad_affine"]
+    return lambda g, x, w: grad(g, x, w, ndims=1, eps=1e-5)[k]
+
+
 def _ce(logits, target):
     return ct.softmax_cross_entropy(logits, target, ignore_index=-1)
 
@@ -151,6 +168,11 @@ SAMPLES = [
     Sample("layer_norm.grad",
            lambda g, x: ct.layer_norm.op.grads["grad"](g, x, ndims=1, eps=1e-5),
            _layer_norm_grad_ref, [(4, 3), (4, 3)], grad=(), rtol=1e-6, atol=1e-8),
+    *[Sample("layer_norm.grad_affine", _layer_norm_affine_grad(k),
+             _layer_norm_affine_grad_ref(k), [(4, 3), (4, 3), (3,)],
+             uneven=[(7, 5), (7, 5), (5,)], grad=(), rtol=1e-6, atol=1e-8,
+             name=f"layer_norm_grad_affine_{part}")
+      for k, part in enumerate(("input", "weight", "bias"))],
     Sample("pick", lambda x, i: ct.pick(x, i, ignore_index=-1), _pick_ref, [(4, 5), (4,)],
            uneven=[(7, 5), (7,)], make=_ids_second, name="pick_ignore_index"),
 ]
