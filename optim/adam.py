@@ -57,6 +57,12 @@ class Adam(Optimizer):
         lr, wd = group["lr"], group["weight_decay"]
         state["step"] += 1
         t = state["step"]
+        if not group["amsgrad"]:  # one kernel for the whole update (the same arithmetic)
+            new, state["exp_avg"], state["exp_avg_sq"] = ct.fused_adam(
+                param, grad, state["exp_avg"], state["exp_avg_sq"], lr=lr, beta1=beta1,
+                beta2=beta2, eps=group["eps"], weight_decay=wd, decoupled=self.decoupled,
+                step=t)
+            return new
         if wd and self.decoupled:
             param = param * (1.0 - lr * wd)
         elif wd:

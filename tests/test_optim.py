@@ -57,6 +57,7 @@ CONFIGS = {
                         ref_sgd),
     "sgd-nesterov": (optim.SGD, dict(lr=0.05, momentum=0.8, nesterov=True), ref_sgd),
     "adam-l2-amsgrad": (optim.Adam, dict(lr=0.01, weight_decay=0.1, amsgrad=True), ref_adam),
+    "adam-l2": (optim.Adam, dict(lr=0.01, weight_decay=0.1), ref_adam),  # (fused)
     "adamw": (optim.AdamW, dict(lr=0.01, betas=(0.8, 0.99), weight_decay=0.1),
               lambda *a, **k: ref_adam(*a, decoupled=True, **k)),
 }
@@ -149,6 +150,29 @@ def test_float32_update(mesh):
     want = ref_adam(W0, [g[0] for g in GRADS], lr=0.01, weight_decay=0.1, decoupled=True)
     assert params[0].dtype == np.float32
     np.testing.assert_allclose(params[0].numpy(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_adam_is_the_unfused_arithmetic_bit_for_bit(mesh):
+    # ct.fused_adam (what Adam and AdamW run without amsgrad) does the reference's float32
+    # operations in the reference's order: the same bits, in every layout
+    sbp_w, sbp_b = layouts(mesh)[1]
+    params = make_params(mesh, sbp_w, sbp_b, dtype=np.float32)
+    opt = optim.AdamW(params, lr=0.01, weight_decay=0.1)
+    grads = [tuple(g.astype(np.float32) for g in gs) for gs in GRADS]
+    run_steps(opt, params, grads)
+    for p, p0, i in zip(params, (W0, B0), (0, 1)):
+        want = ref_adam(p0.astype(np.float32), [g[i] for g in grads], lr=0.01,
+                        weight_decay=0.1, decoupled=True)
+        assert want.dtype == np.float32
+        np.testing.assert_array_equal(p.numpy(), want)
+
+
+def test_fused_adam_refuses_mismatched_states():
+    with ct.simulate(1):
+        p, g = ct.zeros(3, 2), ct.zeros(3, 2)
+        with pytest.raises(ValueError, match="fused_adam: argument 'exp_avg'"):
+            ct.fused_adam(p, g, ct.zeros(2, 3), ct.zeros(3, 2), lr=0.1, beta1=0.9,
+                          beta2=0.99, eps=1e-8)
 
 
 def test_optimizer_keeps_working_after_module_to_global(mesh):

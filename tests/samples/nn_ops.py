@@ -115,6 +115,30 @@ def _layer_norm_affine_grad(k):
     return lambda g, x, w: grad(g, x, w, ndims=1, eps=1e-5)[k]
 
 
+def _adam_inputs(rng, shape, i):
+    """param, grad, exp_avg, exp_avg_sq (positive)."""
+    return rng.uniform(0.1, 1.0, shape) if i == 3 else rng.standard_normal(shape)
+
+
+def _adam_ref(k, decoupled):
+    def ref(p, g, m, v):
+        if decoupled:
+            p = p * (1 - 0.1 * 0.01)
+        else:
+            g = g + p * 0.01
+        m = m * 0.9 + g * 0.1
+        v = v * 0.99 + g * g * 0.01
+        new = p - m / (np.sqrt(v) / np.sqrt(1 - 0.99 ** 3) + 1e-8) * (0.1 / (1 - 0.9 ** 3))
+        return (new, m, v)[k]
+    return ref
+
+
+def _adam(k, decoupled):
+    return lambda p, g, m, v: ct.fused_adam(p, g, m, v, lr=0.1, beta1=0.9, beta2=0.99,
+                                            eps=1e-8, weight_decay=0.01, decoupled=decoupled,
+                                            step=3)[k]
+
+
 def _ce(logits, target):
     return ct.softmax_cross_entropy(logits, target, ignore_index=-1)
 
@@ -173,6 +197,11 @@ SAMPLES = [
              uneven=[(7, 5), (7, 5), (5,)], grad=(), rtol=1e-6, atol=1e-8,
              name=f"layer_norm_grad_affine_{part}")
       for k, part in enumerate(("input", "weight", "bias"))],
+    *[Sample("fused_adam", _adam(k, decoupled), _adam_ref(k, decoupled), [(4, 3)] * 4,
+             make=_adam_inputs, grad=(), rtol=1e-12, atol=1e-12,
+             name=f"fused_adam_{'adamw' if decoupled else 'l2'}_{part}")
+      for k, part in enumerate(("param", "exp_avg", "exp_avg_sq"))
+      for decoupled in (True, False)],
     Sample("pick", lambda x, i: ct.pick(x, i, ignore_index=-1), _pick_ref, [(4, 5), (4,)],
            uneven=[(7, 5), (7,)], make=_ids_second, name="pick_ignore_index"),
 ]
