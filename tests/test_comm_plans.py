@@ -188,9 +188,14 @@ def test_sequence_parallel_regather_trades_one_gather_for_the_copy(one_rank):
         assert saved == pytest.approx((2 * LAYERS + 1) * copy, rel=0.01)
 
 
-def test_sequence_parallel_refuses_a_non_bool_regather():
+def test_sequence_parallel_refuses_a_non_bool_regather_and_a_second_layout():
     with pytest.raises(TypeError, match="regather"):
         nn.parallel.sequence_parallel(nn.GPT(16, 8, 1, 2, 8), regather="yes")
+    model = nn.GPT(16, 8, 1, 2, 8)
+    nn.parallel.sequence_parallel(model)
+    nn.parallel.sequence_parallel(model)  # the same again: nothing changes
+    with pytest.raises(ValueError, match="already laid out.*lay the model out once"):
+        nn.parallel.sequence_parallel(model, regather=False)
 
 
 def _check_sequence_parallel(result, reference, regather=True):
