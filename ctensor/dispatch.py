@@ -356,14 +356,16 @@ class Regather:
     def __init__(self, source: Tensor, target: Layout):
         self.source, self.target = source, target
 
-    def boxed(self, opdef: "OpDef") -> Tensor:
-        return _boxed(opdef, self.source, self.target, False)
+    def boxed(self, opdef: "OpDef", unpack: Optional[Callable] = None) -> Tensor:
+        """The input again, boxed (its source first unpacked by ``saved_tensors_hooks``,
+        which saw the source, not the copy)."""
+        source = self.source if unpack is None else unpack(self.source)
+        return _boxed(opdef, source, self.target, False)
 
     def __repr__(self) -> str:
         return f"Regather({self.source._layout!r} -> {self.target!r})"
 
 
-_KEPT_AS_IS = (LayoutOnly, Regather)  # what saved_tensors_hooks' pack never sees
 
 
 def _grows(source: Layout, target: Layout) -> bool:
@@ -799,10 +801,12 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             kept_in, regather = _regathered(plan, tensors, kept_in)
         ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
         hooks = autograd._hooks[-1] if autograd._hooks else None  # (saved_hooks(), inline)
-        if hooks is not None:  # the saved tensors are kept the way the hooks decide
-            pack, unpack = hooks
-            ctx.inputs = tuple(t if type(t) in _KEPT_AS_IS else pack(t) for t in ctx.inputs)
-            ctx.outputs = tuple(t if type(t) in _KEPT_AS_IS else pack(t) for t in ctx.outputs)
+        if hooks is not None:  # the saved tensors are kept the way the hooks decide (of
+            pack, unpack = hooks  # an input gathered again: the tensor it is gathered from)
+            ctx.inputs = tuple(t if type(t) is LayoutOnly else
+                               Regather(pack(t.source), t.target) if type(t) is Regather
+                               else pack(t) for t in ctx.inputs)
+            ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
         # the in-place write counts of what the backward reads (boxed copies are private;
         # a regathered input's own count: it is boxed again from it)
         watched = [(boxed[i]._version, boxed[i]._version.value) for i in watch] if watch \
@@ -824,7 +828,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             if hooks is not None or regather:
                 unpack = hooks[1] if hooks is not None else None
                 ctx = BackwardContext(
-                    tuple(t.boxed(ctx.op) if type(t) is Regather else
+                    tuple(t.boxed(ctx.op, unpack) if type(t) is Regather else
                           t if type(t) is LayoutOnly or unpack is None else unpack(t)
                           for t in ctx.inputs),
                     tuple(t if type(t) is LayoutOnly or unpack is None else unpack(t)
