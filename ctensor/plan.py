@@ -179,7 +179,8 @@ def comm_seconds(comm: CommWork, dev: Device, gpus_per_node: int) -> float:
 
 
 def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float],
-           devices: Optional[int] = None, weights: Optional[Sequence[float]] = None) -> tuple:
+           devices: Optional[int] = None, weights: Optional[Sequence[float]] = None,
+           events: Optional[list] = None) -> tuple:
     """Replay a pipeline schedule: ``order`` is the event list ``[("F"|"B", stage,
     micro_batch), ...]`` (``nn.pipeline.schedule``), ``forward[j]``/``backward[j]`` one
     micro-batch's seconds on (virtual) stage ``j``, which runs on device ``j % devices``
@@ -189,7 +190,8 @@ def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float],
     the last event ends, and per stage how many micro-batches were between their forward
     and their backward there when its device held the most — the most of ``sum(weights[j]
     * alive[j])`` over the device's stages (``weights``: e.g. each stage's bytes kept per
-    micro-batch; default 1). With one stage per device, the most micro-batches alive."""
+    micro-batch; default 1). With one stage per device, the most micro-batches alive.
+    ``events``: a list that gets ``(kind, stage, micro_batch, start, end)`` of each event."""
     n = len(forward)
     p = n if devices is None else devices
     w = [1.0] * n if weights is None else list(weights)
@@ -211,6 +213,8 @@ def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float],
             alive[j] -= 1
         start = max(free[d], dep or 0.0)
         free[d] = done[(kind, j, m)] = start + (forward[j] if kind == "F" else backward[j])
+        if events is not None:
+            events.append((kind, j, m, start, free[d]))
     return max(free), in_flight
 
 
@@ -247,6 +251,8 @@ class StepReport:
     collectives: list
     model_flops: Optional[float] = None
     devices: int = 0  # pipeline devices (stages per device: len(stage_forward) / devices)
+    #: the replayed schedule: ``(kind, stage, micro_batch, start, end)`` per event (seconds)
+    events: list = None
 
     def in_flight_on(self, device: int) -> int:
         """Micro-batches (of each of its stages) device ``device`` keeps at its fullest."""
@@ -403,7 +409,8 @@ def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace
     # each stage weighs in with the bytes its fullest rank keeps per micro-batch
     weights = [float(v.max()) if v.size else 0.0 for v in saved] if len(saved) == n \
         else None
-    pipeline, in_flight = replay(order, t_f, t_b, p, weights)
+    events: list = []
+    pipeline, in_flight = replay(order, t_f, t_b, p, weights, events)
     sync = [0.0] * p
     for c in bwd_comms:
         if c.op == "grad_sync":
@@ -460,4 +467,4 @@ def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace
     collectives = list(merged.values())
     return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
                       in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
-                      classes, collectives, model_flops, p)
+                      classes, collectives, model_flops, p, events)

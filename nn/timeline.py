@@ -84,6 +84,26 @@ class Timeline:
         self.stage_ranks: list = []  # virtual stage -> its placement's ranks
         self.replayed = False
 
+    @classmethod
+    def replayed_schedule(cls, kind: str, num_stages: int, num_micro_batches: int,
+                          num_model_chunks: int, stage_ranks, events) -> "Timeline":
+        """A timeline of a schedule that was not run but replayed (``ct.plan``'s
+        ``StepReport.events``: ``(kind, stage, micro_batch, start, end)``): one row per
+        device (its first rank), stage ``j`` on device ``j % num_stages``.
+
+        >>> tl = Timeline.replayed_schedule("1f1b", 4, 8, 1, ranks, report.events)
+        >>> tl.save("predicted.svg")
+        """
+        tl = cls()
+        tl.kind, tl.num_stages = kind, num_stages
+        tl.num_micro_batches, tl.num_model_chunks = num_micro_batches, num_model_chunks
+        tl.stage_ranks = [tuple(r) for r in stage_ranks]
+        tl.replayed = True
+        for k, j, m, start, end in events:
+            rank = tl.stage_ranks[j % num_stages][0]
+            tl.events.setdefault(rank, []).append((k, j, m, start, start, end, 0))
+        return tl
+
     # ------------------------------------------------------------------ recording
     def _start(self, stages, p: int, m: int, v: int, kind: str, held) -> "_Recorder":
         self.kind, self.num_stages, self.num_micro_batches, self.num_model_chunks = kind, p, m, v

@@ -187,6 +187,19 @@ def test_plan_interleaved_and_fully_sharded():
         plan.parse_args(base + ["--virtual-stages", "2"])  # needs --schedule interleaved
 
 
+def test_plan_draws_the_predicted_schedule(tmp_path):
+    import plan
+    path = tmp_path / "predicted.svg"
+    report = plan.run("--dp 1 --tp 2 --pp 2 --layers 4 --hidden 256 --heads 8 --seq-len 128 "
+                      "--vocab 1024 --global-batch 8 --micro-batches 4 --schedule interleaved "
+                      f"--virtual-stages 2 --timeline {path}".split())
+    assert len(report.events) == 2 * 4 * 2 * 2  # F and B of 4 micro-batches on 4 stages
+    assert max(end for *_, end in report.events) == pytest.approx(report.pipeline_seconds)
+    svg = path.read_text()
+    assert svg.startswith("<svg") and "predicted: interleaved, p=2, m=4, v=2" in svg
+    assert "rank 0" in svg and "rank 2" in svg  # one row per device (its first rank)
+
+
 def test_plan_of_the_1t_model_on_3072_ranks():
     report = _plan("--dp 6 --tp 8 --pp 64 --layers 128 --hidden 25600 --heads 160 --seq-len "
                    "2048 --global-batch 3072 --micro-batches 512 --recompute "

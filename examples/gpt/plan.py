@@ -58,6 +58,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--unfused", action="store_true",
                    help="charge memory-bound kernels (elementwise, softmax, LayerNorm) at "
                         "memory bandwidth instead of taking them as fused into the matmuls")
+    p.add_argument("--timeline", help="draw the predicted pipeline schedule (one row per "
+                                      "stage: forward, backward, idle) to this file: .svg "
+                                      "needs nothing, .png needs matplotlib")
     p.add_argument("--quick", action="store_true", help="a small configuration (CI)")
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--quick" in argv:  # (last wins: --quick makes any command small)
@@ -195,6 +198,14 @@ def run(argv=None) -> ct.plan.StepReport:
           f"{f' x {a.virtual_stages} chunks' if a.virtual_stages > 1 else ''}); planned "
           f"shape-only for {n} ranks in {time.perf_counter() - t0:.1f} s")
     print(report)
+    if a.timeline:
+        stages = [np.arange(d * a.dp * a.tp, (d + 1) * a.dp * a.tp) for d in range(a.pp)]
+        tl = nn.pipeline.Timeline.replayed_schedule(
+            a.schedule, a.pp, a.micro_batches, a.virtual_stages,
+            [stages[j % a.pp].tolist() for j in range(a.pp * a.virtual_stages)],
+            report.events)
+        tl.save(a.timeline, title=f"predicted: {tl.describe()}".replace(" (replayed)", ""))
+        print(f"predicted pipeline schedule written to {a.timeline}")
     return report
 
 
