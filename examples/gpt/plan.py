@@ -6,14 +6,17 @@ predicted step time — from a shape-only run of the same model on this machine.
         --recompute --precision fp16 --device a100-80gb          # the 1T GPT on 3072 A100s
     python examples/gpt/plan.py --quick         # a small one, in a second (overrides sizes)
 
-The script builds the model exactly as ``train.py`` lays it out (pipeline stage ``s`` owns
-ranks ``[s*dp*tp, (s+1)*dp*tp)`` as a ``(dp, tp)`` mesh, Megatron tensor parallel on mesh
-axis 1, vocabulary-parallel embedding and head) inside ``ct.simulate(dp*tp*pp, meta=True)``:
-no data exists, kernels are skipped, boxing only records its steps. One micro-batch runs
-forward and backward and the optimizer steps once; ``ct.plan.step_report`` prices what was
-recorded on the device (see ``ctensor/plan.py`` for the model) and replays the pipeline
+The script builds the model exactly as ``train.py`` lays it out (``train.stage_modules``:
+pipeline device ``d`` owns ranks ``[d*dp*tp, (d+1)*dp*tp)`` as a ``(dp, tp)`` mesh, virtual
+stage ``j`` on device ``j % pp``, Megatron tensor parallel on mesh axis 1,
+vocabulary-parallel embedding and head; ``train.py``'s options, one definition for both)
+inside ``ct.simulate(dp*tp*pp, meta=True)``: no data exists, kernels are skipped, boxing
+only records its steps. One micro-batch runs forward and backward stage by stage as
+``nn.pipeline`` runs it, and the optimizer steps once; ``ct.plan.step_report`` prices what
+was recorded on the device (see ``ctensor/plan.py`` for the model) and replays the pipeline
 schedule (``nn.pipeline.schedule``) for all micro-batches. Prints the report, ending with
-"fits" or "does not fit" with the rank and the reason.
+"fits" or "does not fit" with the rank and the reason; ``--timeline PATH`` draws the
+predicted schedule.
 """
 from __future__ import annotations
 
