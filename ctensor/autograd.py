@@ -203,12 +203,7 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
     """Attach a node to ``outputs`` if grad mode is on and some input requires grad."""
     if not _grad_enabled or not any(getattr(t, "requires_grad", False) for t in inputs):
         return
-    node = Node(name, [_edge(t) for t in inputs], backward_fn, len(outputs))
-    for i, out in enumerate(outputs):
-        if out is not None and out.dtype.kind in "fc":
-            out.requires_grad = True
-            out._node = node
-            out._out_index = i
+    _link(Node(name, [_edge(t) for t in inputs], backward_fn, len(outputs)), outputs)
 
 
 def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
@@ -217,14 +212,16 @@ def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
     edges = []
     for t in inputs:
         edges.append(None if not t.requires_grad else t if t._node is None else Edge(t))
-    node = Node(name, edges, backward_fn, len(outputs))
-    i = 0
-    for out in outputs:
-        if out._layout.dtype.kind in "fc":
+    _link(Node(name, edges, backward_fn, len(outputs)), outputs)
+
+
+def _link(node: Node, outputs: Sequence) -> None:
+    """Make ``node`` the producer of each floating output (None: an output not made)."""
+    for i, out in enumerate(outputs):
+        if out is not None and out._layout.dtype.kind in "fc":
             out.requires_grad = True
             out._node = node
             out._out_index = i
-        i += 1
 
 
 def graph_handle(t):

@@ -253,6 +253,7 @@ class StepReport:
     devices: int = 0  # pipeline devices (stages per device: len(stage_forward) / devices)
     #: the replayed schedule: ``(kind, stage, micro_batch, start, end)`` per event (seconds)
     events: list = None
+    stage_ranks: list = None  # per (virtual) stage, its placement's ranks
 
     def in_flight_on(self, device: int) -> int:
         """Micro-batches (of each of its stages) device ``device`` keeps at its fullest."""
@@ -358,59 +359,47 @@ def _per_device(seconds: dict, comms: list, device_of, n: int, dev, gpn, skip=()
     return out
 
 
-def _stage_seconds(traces: Sequence[Trace], p: int, device_of, dev, gpn, efficiency,
-                   fused, skip=()) -> list:
-    """Seconds of one micro-batch per stage: one trace per (virtual) stage, or one trace
-    of all (one stage per device: split by placement)."""
-    if len(traces) == 1 and p > 1:
-        t = traces[0]
-        return _per_device(op_seconds(t, dev, efficiency, fused), list(t.comms.values()),
-                           device_of, p, dev, gpn, skip)
+def _stage_seconds(traces: Sequence[Trace], dev, gpn, efficiency, fused, skip=()) -> list:
+    """Seconds of one micro-batch per stage (one trace per stage)."""
     return [sum(op_seconds(t, dev, efficiency, fused).values()) +
             sum(comm_seconds(c, dev, gpn) * c.count for c in t.comms.values()
                 if c.op not in skip) for t in traces]
 
 
-def _traces(t) -> list:
-    return [t] if isinstance(t, Trace) else list(t)
-
-
-def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace,
-                memory: dict, order: Sequence, micro_batches: int, schedule: str, dev: Device,
-                gpus_per_node: int, world_size: int, model_flops: Optional[float] = None,
+def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
+                backward: Sequence[Trace], update: Trace, memory: dict, order: Sequence,
+                micro_batches: int, schedule: str, dev: Device, gpus_per_node: int,
+                world_size: int, model_flops: Optional[float] = None,
                 efficiency: float = EFFICIENCY, fused: bool = True) -> StepReport:
     """Price one step from the traces of one micro-batch's ``forward`` and ``backward``
     (its ``grad_sync`` reductions run once per step) and of the optimizer ``update``.
     ``stages``: the placement of each (virtual) stage — with an interleaved schedule,
     stage ``j`` on the placement of stage ``j % p``. ``forward``/``backward``: one
-    :class:`~ctensor.worktrace.Trace` per stage, or one for all (without interleaving).
-    ``memory``: int64 vectors over ranks — ``parameters``, ``gradients``, ``optimizer``
-    (held after the step), ``saved`` (activations one micro-batch keeps for its backward;
-    a list of one vector per stage with per-stage traces), ``transient`` (the peak of one
-    micro-batch's forward and backward above what it started with), ``boxing`` (peak
-    bytes of buffers boxing made). ``order``: the schedule's events; ``model_flops``: the
-    step's model FLOPs (for TFLOP/s)."""
+    :class:`~ctensor.worktrace.Trace` per stage. ``memory``: int64 vectors over ranks —
+    ``parameters``, ``gradients``, ``optimizer`` (held after the step), ``saved`` (a list:
+    per stage the activations one micro-batch keeps there for its backward),
+    ``transient`` (the peak of one micro-batch's forward and backward above what it
+    started with), ``boxing`` (peak bytes of buffers boxing made). ``order``: the
+    schedule's events; ``model_flops``: the step's model FLOPs (for TFLOP/s)."""
     n, p = len(stages), _device_count(stages)
     device_of = _device_of(stages[:p], world_size)
-    forward, backward = _traces(forward), _traces(backward)
-    if len(forward) not in (1, n) or len(backward) != len(forward) or \
-            (len(forward) == 1 and n != p):
-        raise ValueError(f"step_report: give one forward and one backward trace per stage "
-                         f"({n}), or one of each when every stage has its own device; got "
-                         f"{len(forward)} and {len(backward)}")
+    if len(forward) != n or len(backward) != n or len(memory["saved"]) != n:
+        raise ValueError(f"step_report: give one forward trace, one backward trace and one "
+                         f"'saved' vector per stage ({n}); got {len(forward)}, "
+                         f"{len(backward)} and {len(memory['saved'])}")
     fwd_comms = [c for t in forward for c in t.comms.values()]
     bwd_comms = [c for t in backward for c in t.comms.values()]
-    t_f = _stage_seconds(forward, p, device_of, dev, gpus_per_node, efficiency, fused)
-    t_b = _stage_seconds(backward, p, device_of, dev, gpus_per_node, efficiency, fused,
-                         skip=("grad_sync",))
-    saved = memory["saved"]
-    saved = [np.asarray(v, np.int64) for v in saved] if isinstance(saved, (list, tuple)) \
-        else [np.asarray(saved, np.int64)]
+    t_f = _stage_seconds(forward, dev, gpus_per_node, efficiency, fused)
+    t_b = _stage_seconds(backward, dev, gpus_per_node, efficiency, fused, skip=("grad_sync",))
+
+    def per_rank(v):
+        v = np.asarray(v, np.int64)[:world_size]
+        return np.pad(v, (0, max(0, world_size - v.size)))
+
+    saved = [per_rank(v) for v in memory["saved"]]
     # each stage weighs in with the bytes its fullest rank keeps per micro-batch
-    weights = [float(v.max()) if v.size else 0.0 for v in saved] if len(saved) == n \
-        else None
     events: list = []
-    pipeline, in_flight = replay(order, t_f, t_b, p, weights, events)
+    pipeline, in_flight = replay(order, t_f, t_b, p, [float(v.max()) for v in saved], events)
     sync = [0.0] * p
     for c in bwd_comms:
         if c.op == "grad_sync":
@@ -424,18 +413,11 @@ def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace
     busy = micro_batches * max(sum(t_f[d::p]) + sum(t_b[d::p]) for d in range(p))
     bubble = max(0.0, 1.0 - busy / pipeline) if pipeline else 0.0
 
-    # memory per rank, then classes of identical ranks
-    def per_rank(v):
-        v = np.asarray(v, np.int64)[:world_size]
-        return np.pad(v, (0, max(0, world_size - v.size)))
-
+    # memory per rank (what each device keeps at its fullest), then classes of identical
+    # ranks
     memory = {k: per_rank(v) for k, v in memory.items() if k != "saved"}
-    saved = [per_rank(v) for v in saved]
     kept = sum(saved)  # one micro-batch
-    if len(saved) == n:  # per stage: what each device keeps at its fullest
-        held = sum(v * in_flight[j] for j, v in enumerate(saved))
-    else:
-        held = kept * np.asarray(in_flight, dtype=np.int64)[np.maximum(device_of, 0)]
+    held = sum(v * in_flight[j] for j, v in enumerate(saved))
     act = np.maximum(held - kept, 0) + memory["transient"]
     static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
     rows = np.stack([device_of, memory["parameters"], memory["gradients"],
@@ -467,4 +449,5 @@ def step_report(*, stages: Sequence[Placement], forward, backward, update: Trace
     collectives = list(merged.values())
     return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
                       in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
-                      classes, collectives, model_flops, p, events)
+                      classes, collectives, model_flops, p, events,
+                      [tuple(st.rank_list) for st in stages])

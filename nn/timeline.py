@@ -85,22 +85,20 @@ class Timeline:
         self.replayed = False
 
     @classmethod
-    def replayed_schedule(cls, kind: str, num_stages: int, num_micro_batches: int,
-                          num_model_chunks: int, stage_ranks, events) -> "Timeline":
-        """A timeline of a schedule that was not run but replayed (``ct.plan``'s
-        ``StepReport.events``: ``(kind, stage, micro_batch, start, end)``): one row per
-        device (its first rank), stage ``j`` on device ``j % num_stages``.
+    def replayed_schedule(cls, report) -> "Timeline":
+        """The timeline of a planned step (a ``ct.plan.StepReport``): its schedule as
+        replayed (``report.events``), one row per pipeline device (its first rank).
 
-        >>> tl = Timeline.replayed_schedule("1f1b", 4, 8, 1, ranks, report.events)
-        >>> tl.save("predicted.svg")
+        >>> Timeline.replayed_schedule(ct.plan.step_report(...)).save("predicted.svg")
         """
         tl = cls()
-        tl.kind, tl.num_stages = kind, num_stages
-        tl.num_micro_batches, tl.num_model_chunks = num_micro_batches, num_model_chunks
-        tl.stage_ranks = [tuple(r) for r in stage_ranks]
+        p = report.devices or len(report.stage_forward)
+        tl.kind, tl.num_stages, tl.num_micro_batches = report.schedule, p, report.micro_batches
+        tl.num_model_chunks = len(report.stage_forward) // p
+        tl.stage_ranks = [tuple(r) for r in report.stage_ranks]
         tl.replayed = True
-        for k, j, m, start, end in events:
-            rank = tl.stage_ranks[j % num_stages][0]
+        for k, j, m, start, end in report.events:
+            rank = tl.stage_ranks[j % p][0]
             tl.events.setdefault(rank, []).append((k, j, m, start, start, end, 0))
         return tl
 

@@ -29,11 +29,8 @@ def _normalize(xp, x, ndims, eps):
     return xc * rstd, rstd, axes
 
 
-def _kernel(xp, x, *affine, ndims, eps):
-    if x.size == 0:
-        return x.copy()
-    x = widen(xp, x)  # float16: mean and variance in float32
-    y = _normalize(xp, x, ndims, eps)[0]
+def _affine(y, affine: tuple):
+    """``y * weight (+ bias)`` (arrays in the kernel, tensors in the composite)."""
     if affine:
         y = y * affine[0]
         if len(affine) > 1:
@@ -41,14 +38,25 @@ def _kernel(xp, x, *affine, ndims, eps):
     return y
 
 
-def _grad_kernel(xp, g, x, ndims, eps):
+def _kernel(xp, x, *affine, ndims, eps):
+    if x.size == 0:
+        return x.copy()
+    x = widen(xp, x)  # float16: mean and variance in float32
+    return _affine(_normalize(xp, x, ndims, eps)[0], affine)
+
+
+def _input_grad(xp, g, xhat, rstd, axes):
     """d/dx of (x - mean) * rstd: rstd * (g - mean(g) - xhat * mean(g * xhat))."""
+    return rstd * (g - xp.mean(g, axis=axes, keepdims=True)
+                   - xhat * xp.mean(g * xhat, axis=axes, keepdims=True))
+
+
+def _grad_kernel(xp, g, x, ndims, eps):
     if x.size == 0:
         return g.copy()
     g, x = widen(xp, g, x)
     xhat, rstd, axes = _normalize(xp, x, ndims, eps)
-    return rstd * (g - xp.mean(g, axis=axes, keepdims=True)
-                   - xhat * xp.mean(g * xhat, axis=axes, keepdims=True))
+    return _input_grad(xp, g, xhat, rstd, axes)
 
 
 def _affine_grad_kernel(xp, g, x, w, ndims, eps):
@@ -60,10 +68,8 @@ def _affine_grad_kernel(xp, g, x, w, ndims, eps):
         return g.copy(), zero, zero.copy()
     g, x = widen(xp, g, x)
     xhat, rstd, axes = _normalize(xp, x, ndims, eps)
-    gw = g * w
-    dx = rstd * (gw - xp.mean(gw, axis=axes, keepdims=True)
-                 - xhat * xp.mean(gw * xhat, axis=axes, keepdims=True))
-    return dx, xp.sum(g * xhat, axis=rows), xp.sum(g, axis=rows)
+    return (_input_grad(xp, g * w, xhat, rstd, axes), xp.sum(g * xhat, axis=rows),
+            xp.sum(g, axis=rows))
 
 
 def _trailing(x, attrs) -> tuple:
@@ -112,12 +118,7 @@ def _composite(x, *affine, ndims, eps):
     dims = tuple(range(x.ndim - ndims, x.ndim))
     xc = x - reduced(OPS.mean(x, dim=dims, keepdim=True))
     var = reduced(OPS.mean(xc * xc, dim=dims, keepdim=True))
-    y = xc * OPS.rsqrt(var + eps)
-    if affine:
-        y = y * affine[0]
-        if len(affine) > 1:
-            y = y + affine[1]
-    return y
+    return _affine(xc * OPS.rsqrt(var + eps), affine)
 
 
 def _backward(ctx, g):

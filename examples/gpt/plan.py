@@ -74,9 +74,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.device not in ct.plan.devices():
         p.error(f"--device {a.device!r}: unknown; known: {sorted(ct.plan.devices())}")
     problems = []
-    if a.layers < a.pp * a.virtual_stages:
-        problems.append(f"--layers {a.layers} < --pp {a.pp} x --virtual-stages "
-                        f"{a.virtual_stages}: every stage needs a block")
     if a.hidden % a.heads or a.heads % a.tp:
         problems.append(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}, and "
                         f"--heads of --tp {a.tp} (whole heads per rank)")
@@ -202,11 +199,7 @@ def run(argv=None) -> ct.plan.StepReport:
           f"shape-only for {n} ranks in {time.perf_counter() - t0:.1f} s")
     print(report)
     if a.timeline:
-        stages = [np.arange(d * a.dp * a.tp, (d + 1) * a.dp * a.tp) for d in range(a.pp)]
-        tl = nn.pipeline.Timeline.replayed_schedule(
-            a.schedule, a.pp, a.micro_batches, a.virtual_stages,
-            [stages[j % a.pp].tolist() for j in range(a.pp * a.virtual_stages)],
-            report.events)
+        tl = nn.pipeline.Timeline.replayed_schedule(report)
         tl.save(a.timeline, title=f"predicted: {tl.describe()}".replace(" (replayed)", ""))
         print(f"predicted pipeline schedule written to {a.timeline}")
     return report

@@ -170,8 +170,6 @@ def build(a):
     if ct.world_size() != world:
         raise SystemExit(f"train.py: --dp {a.dp} x --tp {a.tp} x --pp {a.pp} = {world} ranks, "
                          f"but the world has {ct.world_size()}")
-    if a.layers < a.pp:
-        raise SystemExit(f"train.py: --layers {a.layers} < --pp {a.pp}: every stage needs a block")
     check_pipeline_options(a)
     ct.manual_seed(a.seed)
     gpt = nn.GPT(VOCAB_SIZE, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
@@ -350,6 +348,9 @@ def check_pipeline_options(a, prog: str = "train.py") -> None:
     if a.schedule == "interleaved" and v > 1 and a.micro_batches < a.pp:
         raise SystemExit(f"{prog}: --schedule interleaved needs --micro-batches >= --pp "
                          f"(got {a.micro_batches} < {a.pp})")
+    if a.layers < a.pp * v:
+        raise SystemExit(f"{prog}: --layers {a.layers} < --pp {a.pp} x --virtual-stages {v}: "
+                         f"every stage needs a block")
 
 
 def step_timeline(a, step: int):
