@@ -11,10 +11,12 @@ and how it is laid out (:mod:`ctensor.sbp`); ctensor inserts every collective.
 from . import sbp
 from .dtypes import (float16, float32, float64, int8, int16, int32, int64, uint8,
                      bool_ as bool)  # NumPy dtypes; NumPy has no bfloat16  # noqa: A001
+# PyTorch's short dtype names (the casts are methods: x.float(), x.long(), ...)
+from .dtypes import half, float_ as float, double, short, int_ as int, long  # noqa: A001
 from .placement import placement, Placement
 from .runtime import (simulate, launched_by_mpi, rank, world_size, set_default_dtype,
                       get_default_dtype, set_default_device)
-from .tensor import Tensor
+from .tensor import Tensor, is_tensor, numel, is_floating_point
 from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
                        full_like, empty)
 from .random import manual_seed, rand, randn, randint, rand_like, randn_like
@@ -24,6 +26,7 @@ from . import meta, plan  # shape-only tensors; ct.plan: memory, communication, 
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
 from .checkpoint import save, load
 from .autograd import no_grad, enable_grad, is_grad_enabled
+from .grad_mode import inference_mode
 from .errors import (CollectiveError, DivergenceError, CommTimeoutError, RankExitedError,
                      MetaModeError)
 from .pending import PendingTensor

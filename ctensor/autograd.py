@@ -16,7 +16,7 @@ import contextlib
 import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
-from . import gradsync
+from . import grad_hooks, gradsync
 from .registry import OPS
 from .sbp import Broadcast, dual
 
@@ -41,13 +41,14 @@ class Node:
     no gradient) and returns one per input (``None`` for inputs that need none).
     """
 
-    __slots__ = ("name", "inputs", "backward_fn", "n_outputs", "__weakref__")
+    __slots__ = ("name", "inputs", "backward_fn", "n_outputs", "hooks", "__weakref__")
 
     def __init__(self, name: str, inputs: Sequence, backward_fn: Callable, n_outputs: int = 1):
         self.name = name
         self.inputs = tuple(inputs)
         self.backward_fn = backward_fn
         self.n_outputs = n_outputs
+        self.hooks = None  # {output index: {key: fn}} of Tensor.register_hook (grad_hooks)
 
     def __repr__(self) -> str:
         return f"<{self.name}Backward>"
@@ -330,6 +331,9 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
         with no_grad():
             for node in order:
                 entries = [pending.pop((id(node), i), (None, None)) for i in range(node.n_outputs)]
+                if node.hooks:  # Tensor.register_hook on this node's outputs
+                    entries = [(t, g if g is None else grad_hooks.apply(node.hooks.get(i), g))
+                               for i, (t, g) in enumerate(entries)]
                 for t, g in entries:  # a non-leaf's gradient is complete when its node runs
                     t = _tensor(t)
                     if t is not None and g is not None:
@@ -361,7 +365,7 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
                     if t is not None and t._node is None:
                         uses[id(t)] -= 1
                         if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
-                            sync.deposit(*leaf_grads.pop(id(t)))
+                            _deposit(sync, *leaf_grads.pop(id(t)))
                 if not retain_graph and node.backward_fn is None:
                     # the node has run for good: let go of its inputs, so activations are
                     # freed as the backward goes (not only when the graph's last tensor
@@ -379,13 +383,18 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
                     _accumulate(outer, key, leaf, g)
                 return captured
             for leaf, g in list(leaf_grads.values()):  # leaves used only by nested passes
-                sync.deposit(leaf, g)
+                _deposit(sync, leaf, g)
             leaf_grads.clear()
             sync.finish()
     finally:
         if capture is None and not nested:
             _outer_leaves = outer
     return captured
+
+
+def _deposit(sync, leaf, g) -> None:
+    """Hand a leaf's final gradient of this pass, through its hooks, to the synchronizer."""
+    sync.deposit(leaf, grad_hooks.apply(grad_hooks.leaf_hooks(leaf), g))
 
 
 def backward(root, grad, retain_graph: bool = False) -> None:
@@ -438,6 +447,8 @@ def grad(outputs, inputs, grad_outputs=None, retain_graph: Optional[bool] = None
     with no_grad():
         for i, t in enumerate(inputs):
             g = captured.get(id(t))
+            if g is not None and t._node is None:  # a leaf's hooks, as in PyTorch
+                g = grad_hooks.apply(grad_hooks.leaf_hooks(t), g)
             if g is None:
                 if not allow_unused:
                     raise ValueError(f"grad: input {i} was not used to compute the outputs; "

@@ -1,7 +1,11 @@
 """dtype names and the type-promotion table (PyTorch's rules), in one place.
 
 Names: ``ct.float16 float32 float64 int8 int16 int32 int64 uint8 bool`` are NumPy dtypes
-(``ct.float32 == np.float32``), usable wherever a dtype is accepted. There is no
+(``ct.float32 == np.float32``), usable wherever a dtype is accepted. PyTorch's short names
+are the same dtypes: ``ct.half`` float16, ``ct.float`` float32, ``ct.double`` float64,
+``ct.short`` int16, ``ct.int`` int32, ``ct.long`` int64 (``ct.zeros(2, dtype=ct.long)``);
+the casts are the methods ``x.half() x.float() x.double() x.int() x.long() x.bool()``
+(or ``x.to(ct.long)``). There is no
 ``ct.bfloat16``: NumPy has no bfloat16 dtype (it lives in the separate ``ml_dtypes``
 package, which ctensor does not depend on).
 
@@ -46,7 +50,7 @@ import numpy as np
 from .runtime import get_default_dtype
 
 __all__ = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-           "bool_", "category", "promote_types", "result_type", "scalar_dtype",
+           "bool_", "half", "float_", "double", "short", "int_", "long", "category", "promote_types", "result_type", "scalar_dtype",
            "reduction_dtype", "is_scalar", "to_dtype"]
 
 float16 = np.dtype(np.float16)
@@ -58,6 +62,9 @@ int32 = np.dtype(np.int32)
 int64 = np.dtype(np.int64)
 uint8 = np.dtype(np.uint8)
 bool_ = np.dtype(np.bool_)  # exported as ct.bool
+# PyTorch's short names (exported as ct.half, ct.float, ct.double, ct.short, ct.int, ct.long)
+half, float_, double = float16, float32, float64
+short, int_, long = int16, int32, int64
 
 BOOL, INTEGER, FLOATING, COMPLEX = 0, 1, 2, 3
 _CATEGORY = {"b": BOOL, "i": INTEGER, "u": INTEGER, "f": FLOATING, "c": COMPLEX}

@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import autograd, memory
+from . import autograd, grad_hooks, memory
 from .arrays import is_host
 from .layout import Layout
 from .meta import MetaBuffer, no_values
@@ -24,7 +24,7 @@ from .registry import OPS
 from .runtime import Mode, world
 from .sbp import Broadcast, format_sbp
 
-__all__ = ["Tensor", "TENSOR_TYPES", "Version"]
+__all__ = ["Tensor", "TENSOR_TYPES", "Version", "is_tensor", "numel", "is_floating_point"]
 
 #: Tensor and its subclasses (nn.Parameter): the dispatch fast path checks ``type(v) in``
 TENSOR_TYPES: set = set()
@@ -49,7 +49,7 @@ class Tensor:
     """
 
     __slots__ = ("_layout", "_shards", "requires_grad", "grad", "_node", "_out_index", "_version",
-                 "_grad_layout", "_retains_grad", "_boxed", "__weakref__")
+                 "_grad_layout", "_retains_grad", "_boxed", "_hooks", "__weakref__")
     __array_priority__ = 1000  # numpy_array + tensor -> Tensor.__radd__
 
     #: names of the op methods bound by op declarations (``defop(..., method=...)``)
@@ -120,11 +120,29 @@ class Tensor:
         return self._layout.placement.device
 
     def size(self, dim: Optional[int] = None):
-        """The shape, or its entry at ``dim`` (PyTorch style)."""
-        return self.shape if dim is None else self.shape[dim]
+        """The shape, or its entry at ``dim`` (PyTorch style; ``x.size(-1)``)."""
+        if dim is None:
+            return self.shape
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)):
+            raise TypeError(f"size: argument 'dim' must be an int, got {dim!r}")
+        if not -max(self.ndim, 1) <= dim < max(self.ndim, 1) or not self.ndim:
+            raise IndexError(f"size: dim {dim} is out of range for a tensor of {self.ndim} "
+                             f"dims; accepted {-self.ndim}..{self.ndim - 1}")
+        return self.shape[dim]
 
     def numel(self) -> int:
+        """The number of elements (``nelement()`` is the same)."""
         return self._layout.numel
+
+    nelement = numel
+
+    def element_size(self) -> int:
+        """Bytes per element (``x.element_size() * x.numel()`` is the logical size)."""
+        return self.dtype.itemsize
+
+    def is_floating_point(self) -> bool:
+        """Whether the dtype is float16, float32 or float64."""
+        return self.dtype.kind == "f"
 
     def __len__(self) -> int:
         if not self.shape:
@@ -221,6 +239,23 @@ class Tensor:
 
     def __bool__(self) -> bool:
         return bool(self.item())
+
+    def __format__(self, spec: str) -> str:
+        """``f"{loss:.4f}"``: a 0-d tensor formats as its Python scalar (collective, like
+        :meth:`item`); other tensors take only the empty spec (their ``str``), as PyTorch."""
+        if self.ndim == 0 and not self.is_meta:
+            return format(self.item(), spec)
+        if spec:
+            raise TypeError(f"unsupported format string {spec!r} for a tensor of shape "
+                            f"{tuple(self.shape)}; format a 0-d tensor or x.item()")
+        return str(self)
+
+    def cpu(self) -> "Tensor":
+        """The tensor on the same mesh of ranks on the host (``self`` when its placement is
+        already ``cpu``; from ``cuda``, each rank copies its shard to host memory)."""
+        if self.placement.device == "cpu":
+            return self
+        return self.to_global(Placement("cpu", self.placement.ranks.tolist()), self.sbp)
 
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
@@ -355,6 +390,45 @@ class Tensor:
         """The tensor with its dims reversed."""
         return OPS.permute(self, *reversed(range(self.ndim)))
 
+    @property
+    def mT(self) -> "Tensor":
+        """The last two dims swapped (a batch of matrices transposed)."""
+        if self.ndim < 2:
+            raise ValueError(f"mT: the tensor has {self.ndim} dims; it needs at least 2 (a "
+                             f"matrix or a batch of matrices)")
+        return OPS.transpose(self, -2, -1)
+
+    def register_hook(self, hook: Callable):
+        """Call ``hook(grad)`` with this tensor's gradient each time a backward pass computes
+        it (leaf or not, as PyTorch); a hook that returns a tensor replaces the gradient.
+        Returns a handle whose ``remove()`` takes the hook off.
+
+        >>> h = w.register_hook(lambda g: g * 0.5)     # w.grad gets half the gradient
+        >>> h.remove()
+        """
+        return grad_hooks.register(self, hook)
+
 
 TENSOR_TYPES.add(Tensor)
 memory.register_tensor_class(Tensor)
+
+
+def is_tensor(obj) -> bool:
+    """Whether ``obj`` is a ct.Tensor (an ``nn.Parameter`` too), as ``torch.is_tensor``."""
+    return isinstance(obj, Tensor)
+
+
+def _tensor_arg(fn: str, x) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{fn}: argument 'input' must be a ct.Tensor, got {type(x).__name__}")
+    return x
+
+
+def numel(x: Tensor) -> int:
+    """The number of elements of ``x`` (``ct.numel(x) == x.numel()``)."""
+    return _tensor_arg("numel", x).numel()
+
+
+def is_floating_point(x: Tensor) -> bool:
+    """Whether ``x`` has a floating dtype (``x.is_floating_point()``)."""
+    return _tensor_arg("is_floating_point", x).is_floating_point()

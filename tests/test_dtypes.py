@@ -146,3 +146,24 @@ def test_statistics_of_integers_are_default_float(mesh):
                       (i.norm(), np.sqrt(30.0))):
         assert out.dtype == np.float32
         np.testing.assert_allclose(out.item(), want, rtol=1e-6)
+
+
+def test_pytorch_short_dtype_names_are_dtypes(mesh):
+    names = {"half": np.float16, "float": np.float32, "double": np.float64,
+             "short": np.int16, "int": np.int32, "long": np.int64, "bool": np.bool_}
+    for name, expected in names.items():
+        dtype = getattr(ct, name)
+        assert isinstance(dtype, np.dtype) and dtype == expected, name
+        x = ct.zeros(2, 3, dtype=dtype, placement=mesh, sbp=(ct.sbp.split(1),) * mesh.ndim)
+        assert x.dtype == expected and ct.ones(2, dtype=dtype).to(ct.float).dtype == np.float32
+    x = ct.tensor([[1.5, -2.5]], placement=mesh)
+    # the casts stay methods
+    assert (x.float().dtype, x.double().dtype, x.half().dtype) == (f32, f64, np.float16)
+    assert (x.long().dtype, x.int().dtype, x.bool().dtype) == (i64, i32, b)
+    assert x.to(ct.long).numpy().tolist() == [[1, -2]]
+    assert ct.full((2,), 7, dtype=ct.int).dtype == i32
+    assert ct.arange(3, dtype=ct.double).dtype == f64
+    torch = pytest.importorskip("torch")
+    for name, expected in names.items():  # the same names stand for the same dtypes
+        assert str(getattr(torch, name)).removeprefix("torch.") == np.dtype(expected).name \
+            or (name == "bool" and getattr(torch, name) is torch.bool)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 import ctensor as ct
+from ctensor import nn
 from conftest import MPI_MODE, assert_layout
 
 S0, S1, B, P = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast, ct.sbp.partial_sum
@@ -177,3 +178,110 @@ def test_simulate_as_plain_call_and_nesting():
     assert ct.world_size() == 1
     with pytest.raises(ValueError):
         ct.simulate(0)
+
+
+# ----------------------------------------------------------------------------- PyTorch basics
+def test_tensor_basics_as_pytorch(mesh):
+    x = ct.tensor(np.arange(24.0).reshape(2, 3, 4), placement=mesh, sbp=(S1,) * mesh.ndim)
+    assert f"{x.sum():.2f}" == "276.00" and f"{x.sum()}" == "276.0"
+    assert f"{x[0, 0, 1]:>6.1f}" == "   1.0"
+    assert f"{x}" == str(x)
+    with pytest.raises(TypeError, match=r"unsupported format string '\.2f' for a tensor of "
+                                        r"shape \(2, 3, 4\)"):
+        f"{x:.2f}"
+    assert x.is_floating_point() and not x.long().is_floating_point()
+    assert ct.is_floating_point(x.half()) and not ct.is_floating_point(x.bool())
+    assert ct.is_tensor(x) and not ct.is_tensor(np.ones(2)) and not ct.is_tensor(1.0)
+    assert ct.is_tensor(nn.Parameter(ct.ones(2)))
+    assert x.numel() == x.nelement() == ct.numel(x) == 24
+    assert x.element_size() == 8 and x.float().element_size() == 4
+    assert x.half().element_size() == 2 and x.bool().element_size() == 1
+    assert x.dim() == 3 and x.size(0) == 2 and x.size(-1) == 4 and x.size() == (2, 3, 4)
+    with pytest.raises(IndexError, match="size: dim 3 is out of range for a tensor of 3 dims"):
+        x.size(3)
+    with pytest.raises(TypeError, match="size: argument 'dim' must be an int"):
+        x.size(1.0)
+    np.testing.assert_array_equal(x.mT.numpy(), np.swapaxes(np.arange(24.0).reshape(2, 3, 4),
+                                                            -1, -2))
+    assert x.mT.sbp == (ct.sbp.split(2),) * mesh.ndim     # a view: the split follows the dim
+    np.testing.assert_array_equal(x[0].T.numpy(), np.arange(12.0).reshape(3, 4).T)
+    with pytest.raises(ValueError, match="mT: the tensor has 1 dims"):
+        x[0, 0].mT
+    assert x.tolist() == np.arange(24.0).reshape(2, 3, 4).tolist()
+    assert x.cpu() is x                              # a cpu placement: itself
+    with pytest.raises(TypeError, match="numel: argument 'input' must be a ct.Tensor"):
+        ct.numel([1, 2])
+
+
+def test_inference_mode_is_no_grad_everywhere():
+    w = ct.ones(3, requires_grad=True)
+    with ct.inference_mode():
+        assert not (w * 2).requires_grad and not ct.is_grad_enabled()
+    assert ct.is_grad_enabled()
+    with ct.inference_mode(False):
+        assert (w * 2).requires_grad
+
+    @ct.inference_mode
+    def bare(a):
+        return a * 2
+
+    @ct.inference_mode()
+    def called(a):
+        return a * 2
+    assert bare.__name__ == "bare" and not bare(w).requires_grad
+    assert not called(w).requires_grad and (w * 2).requires_grad
+    with pytest.raises(TypeError, match="inference_mode: argument 'mode' must be True or False"):
+        ct.inference_mode(1)
+
+
+# ----------------------------------------------------------------------------- register_hook
+def test_register_hook_on_leaves_and_non_leaves(mesh):
+    a = np.arange(6.0).reshape(2, 3)
+    x = ct.tensor(a, placement=mesh, sbp=(S0,) * mesh.ndim, requires_grad=True)
+    w = ct.tensor(a + 1, placement=mesh, requires_grad=True)     # broadcast: a DP parameter
+    seen = []
+    hx = x.register_hook(lambda g: seen.append(("x", g.numpy())))   # observes, keeps
+    w.register_hook(lambda g: g * 0.5)                              # replaces
+    y = x * w
+    y.register_hook(lambda g: g + 1.0)                              # a non-leaf, replaces
+    y.retain_grad()
+    z = y * 3.0
+    del y                                    # the hook lives on the node, not the tensor
+    z.sum().backward()
+    np.testing.assert_array_equal(seen[0][1], 4.0 * (a + 1))          # (3 + 1) * w
+    np.testing.assert_array_equal(x.grad.numpy(), 4.0 * (a + 1))
+    np.testing.assert_array_equal(w.grad.numpy(), 0.5 * 4.0 * a)
+    assert w.grad.sbp == w.sbp and x.grad.sbp == x.sbp
+    hx.remove()
+    (x * 2.0).sum().backward()
+    assert len(seen) == 1                                             # removed: not called
+    np.testing.assert_array_equal(x.grad.numpy(), 4.0 * (a + 1) + 2.0)
+
+
+def test_register_hook_matches_torch_and_checks():
+    torch = pytest.importorskip("torch")
+    a = np.linspace(-1, 1, 6).reshape(2, 3)
+    grads = {}
+    for lib, make in ((ct, lambda v: ct.tensor(v, requires_grad=True)),
+                      (torch, lambda v: torch.tensor(v, requires_grad=True))):
+        x = make(a)
+        x.register_hook(lambda g: g * 3)
+        h = (x * x).tanh()
+        h.register_hook(lambda g: g * -2)
+        (h.sum() * 1.5).backward()
+        (gx,) = (ct.autograd.grad if lib is ct else torch.autograd.grad)((x * 2).sum(), [x])
+        grads[lib.__name__] = (np.asarray(x.grad.numpy() if lib is ct else x.grad.numpy()),
+                               np.asarray(gx.numpy()))
+    np.testing.assert_allclose(grads["ctensor"][0], grads["torch"][0], rtol=1e-12)
+    np.testing.assert_allclose(grads["ctensor"][1], grads["torch"][1], rtol=1e-12)  # 6s
+    x = ct.ones(2)
+    with pytest.raises(ValueError, match="register_hook: cannot register a hook on a tensor "
+                                         "that does not require grad"):
+        x.register_hook(lambda g: g)
+    y = ct.ones(2, requires_grad=True)
+    with pytest.raises(TypeError, match="argument 'hook' must be callable"):
+        y.register_hook(3)
+    y.register_hook(lambda g: ct.ones(3))
+    with pytest.raises(ValueError, match=r"returned a gradient of shape \(3,\) for a gradient "
+                                         r"of shape \(2,\)"):
+        (y * 2).sum().backward()
