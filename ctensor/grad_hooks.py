@@ -9,9 +9,10 @@ whole gradient of that pass, before the gradient goes anywhere:
   before ``retain_grad`` stores it and before the node's backward reads it;
 * on a leaf (a parameter) it runs when the leaf's gradient is final in that pass (every op
   that used the leaf has run its backward), before the gradient is reduced to the leaf's
-  layout and added to ``.grad``; the gradient it sees is in whatever layout the graph gave
-  it (a data-parallel parameter's is still partial: the hook runs on every rank, on the
-  local part of the sum, and a linear hook such as ``g * 0.5`` is exact).
+  layout and added to ``.grad``; the gradient it sees is a global tensor in whatever
+  layout the graph gave it (a data-parallel parameter's is still partial), whose logical
+  value is the whole gradient: ops in the hook box it as any op does, so every hook, linear
+  or not, sees and returns PyTorch's values (a hook is called on every rank, alike).
 
 A hook returning ``None`` keeps the gradient; returning a tensor of the same shape replaces
 it. Hooks run in the order they were registered; ``handle.remove()`` takes one off.
