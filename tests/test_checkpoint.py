@@ -14,6 +14,8 @@ import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
 from conftest import MPI_MODE
+from ctensor.checkpoint import ChecksumError, SaveHandle
+from ctensor.checkpoint_io import pending_saves
 
 S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
 RNG = np.random.default_rng(3)
@@ -215,3 +217,232 @@ def test_save_errors(ckpt_dir):
     assert os.path.exists(os.path.join(other, "precious.txt"))
     with pytest.raises(TypeError, match="path"):
         ct.load(3)
+
+
+# ----------------------------------------------------------------------------- checksums
+def _flip(path: str, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0x01]))  # one bit: the smallest damage
+
+
+def test_every_flipped_byte_is_detected(ckpt_dir):
+    """A bit flipped anywhere in any file (first byte, a byte inside, the last; .npy headers
+    too) makes every load raise on every rank, naming the file (and tensor and region)."""
+    n = ct.world_size()
+    path = os.path.join(ckpt_dir, "flips")
+    x = ct.tensor(A, sbp=S(0)) if n > 1 else ct.tensor(A)
+    obj = {"x": x, "y": ct.tensor(V), "arr": np.arange(4.0), "step": 3}
+    ct.save(obj, path)
+    barrier()
+    names = sorted(os.listdir(path))
+    assert "COMPLETE" in names and "metadata.json" in names and "a0.npy" in names
+    assert sum(f.startswith("t0_") for f in names) == min(n, len(A))
+    pick = np.random.default_rng(7)
+    for name in names:
+        size = os.path.getsize(os.path.join(path, name))
+        for offset in sorted({0, int(pick.integers(1, size - 1)), size - 1}):
+            if ct.rank() == 0:
+                _flip(os.path.join(path, name), offset)
+            barrier()
+            for kwargs in ({}, {"map": {"x": S(0)}}):  # every rank reads all, or its part
+                with pytest.raises(ValueError, match=re.escape(name)) as info:
+                    ct.load(path, **kwargs)
+                if name.endswith(".npy") or name == "metadata.json":
+                    assert isinstance(info.value, ChecksumError), (name, offset)
+                if name.startswith("t0_"):
+                    assert "tensor 'x'" in str(info.value) and "region [" in str(info.value)
+            barrier()
+            if ct.rank() == 0:
+                _flip(os.path.join(path, name), offset)  # undo
+            barrier()
+    got = ct.load(path)
+    np.testing.assert_array_equal(got["x"].numpy(), A)
+    np.testing.assert_array_equal(got["arr"], obj["arr"])
+
+
+def test_version_1_checkpoint_loads_with_a_warning(ckpt_dir):
+    """Checkpoints written before the checksums (format 1) still load, with a warning."""
+    import json
+    path = os.path.join(ckpt_dir, "v1")
+    ct.save({"x": ct.tensor(A), "arr": np.arange(3)}, path)
+    barrier()
+    if ct.rank() == 0:
+        meta = json.load(open(os.path.join(path, "metadata.json")))
+        meta["version"] = 1
+        del meta["checksum"]
+        for entry in meta["arrays"] + [r for t in meta["tensors"] for r in t["regions"]]:
+            del entry["crc32"]
+        open(os.path.join(path, "metadata.json"), "w").write(json.dumps(meta))
+        open(os.path.join(path, "COMPLETE"), "w").write("ctensor-checkpoint 1\n")
+    barrier()
+    with pytest.warns(UserWarning, match="without checksums"):
+        got = ct.load(path)
+    np.testing.assert_array_equal(got["x"].numpy(), A)
+    np.testing.assert_array_equal(got["arr"], np.arange(3))
+
+
+# ----------------------------------------------------------------------------- async save
+@pytest.fixture
+def slow_disk(monkeypatch):
+    """Holds every background write until ``release()`` (as a slow disk would), so a test
+    can change the saved arrays while their save is in flight."""
+    import threading
+
+    from ctensor import checkpoint_io
+    gate = threading.Event()
+    real = checkpoint_io.write_array
+
+    def gated(path, arr, sync=True):
+        if threading.current_thread() is not threading.main_thread():
+            assert gate.wait(30), "the test never released the writes"
+        return real(path, arr, sync)
+
+    monkeypatch.setattr(checkpoint_io, "write_array", gated)
+    yield gate.set
+    gate.set()
+
+
+def _model_and_optimizer(mesh):
+    w = nn.Parameter(ct.tensor(A, placement=mesh, sbp=(S(0),) * mesh.ndim))
+    opt = optim.AdamW([w], lr=0.1)
+    return w, opt
+
+
+def _train_step(w, opt):
+    opt.zero_grad()
+    (w * w).sum().backward()
+    opt.step()                      # updates w and the optimizer's states in place
+
+
+def test_async_save_races_the_next_step(mesh, ckpt_dir, slow_disk):
+    """The shards are copied in the call: optimizer steps run while the writes wait, and
+    the checkpoint holds the values of the moment of the save."""
+    w, opt = _model_and_optimizer(mesh)
+    _train_step(w, opt)
+    state = {"w": w, "optim": opt.state_dict(), "arr": np.arange(3.0)}
+    expected_w = w.numpy().copy()
+    expected_avg = opt.state_dict()["state"][0]["exp_avg"].numpy().copy()
+    path = os.path.join(ckpt_dir, "async")
+    handle = ct.save(state, path, async_op=True)
+    assert isinstance(handle, SaveHandle)
+    assert handle.done() is (ct.rank() not in mesh.rank_list)  # a rank with no shard: done
+    state["arr"][:] = -1            # the arrays of the tree are copied too
+    for _ in range(2):
+        _train_step(w, opt)
+    assert not np.array_equal(w.numpy(), expected_w)
+    assert not os.path.exists(path)  # nothing is committed before wait()
+    slow_disk()
+    handle.wait()
+    assert handle.done()
+    handle.wait()                    # a second wait returns at once
+    got = ct.load(path)
+    np.testing.assert_array_equal(got["w"].numpy(), expected_w)
+    np.testing.assert_array_equal(got["optim"]["state"][0]["exp_avg"].numpy(), expected_avg)
+    np.testing.assert_array_equal(got["arr"], np.arange(3.0))
+
+
+def test_two_saves_in_flight(mesh, ckpt_dir, slow_disk):
+    w, opt = _model_and_optimizer(mesh)
+    first, second = os.path.join(ckpt_dir, "one"), os.path.join(ckpt_dir, "two")
+    h1 = ct.save({"w": w, "step": 1}, first, async_op=True)
+    v1 = w.numpy().copy()
+    _train_step(w, opt)
+    h2 = ct.save({"w": w, "step": 2}, second, async_op=True)
+    v2 = w.numpy().copy()
+    _train_step(w, opt)
+    assert pending_saves() == [h1, h2]
+    slow_disk()
+    h2.wait()                        # in any order, the same on every rank
+    h1.wait()
+    assert pending_saves() == []
+    for p, value, step in [(first, v1, 1), (second, v2, 2)]:
+        got = ct.load(p)
+        assert got["step"] == step
+        np.testing.assert_array_equal(got["w"].numpy(), value)
+
+
+def test_async_save_to_a_path_in_flight_finishes_the_first(ckpt_dir):
+    path = os.path.join(ckpt_dir, "same")
+    h1 = ct.save({"x": ct.tensor(A), "step": 1}, path, async_op=True)
+    h2 = ct.save({"x": ct.tensor(2 * A), "step": 2}, path, async_op=True)
+    assert h1.done() and "committed" in repr(h1)
+    h2.wait()
+    got = ct.load(path)
+    assert got["step"] == 2
+    np.testing.assert_array_equal(got["x"].numpy(), 2 * A)
+
+
+def test_async_write_error_is_raised_by_wait_on_every_rank(ckpt_dir, monkeypatch):
+    from ctensor import checkpoint_io
+    path = os.path.join(ckpt_dir, "failing")
+    ct.save({"x": ct.tensor(A)}, path)
+    real = checkpoint_io.write_array
+    last = ct.world_size() - 1
+
+    def failing(p, arr, sync=True):
+        if ct.rank() == last and "ctensor-tmp" in p:
+            raise OSError(28, "No space left on device")
+        return real(p, arr, sync)
+
+    monkeypatch.setattr(checkpoint_io, "write_array", failing)
+    x = ct.tensor(2 * A, sbp=S(0)) if ct.world_size() > 1 else ct.tensor(2 * A)
+    handle = ct.save({"x": x}, path, async_op=True)
+    for _ in range(2):               # raised again by a second wait
+        with pytest.raises((OSError, ValueError), match="No space left|failed on rank"):
+            handle.wait()
+    monkeypatch.setattr(checkpoint_io, "write_array", real)
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)   # the old one is intact
+    assert not os.path.exists(path + ".ctensor-tmp")
+
+
+@pytest.mark.skipif(MPI_MODE, reason="starts a Python process of its own")
+def test_pending_saves_are_finished_or_reported_at_exit(tmp_path):
+    import subprocess
+    import sys
+    script = tmp_path / "script.py"
+    script.write_text(f"""
+import sys
+import numpy as np
+import ctensor as ct
+from ctensor import checkpoint_io
+with ct.simulate(2):
+    x = ct.tensor(np.arange(6.0), sbp=ct.sbp.split(0))
+    ct.save({{"x": x}}, {str(tmp_path / "kept")!r}, async_op=True)
+    real = checkpoint_io.write_array
+    def broken(path, arr, sync=True):
+        if "lost" in path:
+            raise OSError(5, "Input/output error")
+        return real(path, arr, sync)
+    checkpoint_io.write_array = broken
+    ct.save({{"x": x}}, {str(tmp_path / "lost")!r}, async_op=True)
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "PMIX"))}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "asynchronous save to" in done.stderr and "Input/output error" in done.stderr
+    assert not os.path.exists(tmp_path / "lost")
+    np.testing.assert_array_equal(ct.load(str(tmp_path / "kept"))["x"].numpy(), np.arange(6.0))
+
+
+def test_load_accepts_pytorch_keywords(ckpt_dir):
+    path = os.path.join(ckpt_dir, "keywords")
+    ct.save({"x": ct.tensor(A)}, path)
+    for kwargs in ({"map_location": "cpu"}, {"weights_only": True},
+                   {"map_location": "cpu", "weights_only": False}):
+        got = ct.load(path, **kwargs)
+        assert got["x"].placement.device == "cpu"
+        np.testing.assert_array_equal(got["x"].numpy(), A)
+    torch = pytest.importorskip("torch")
+    assert ct.load(path, map_location=torch.device("cpu"))["x"].placement.device == "cpu"
+    with pytest.raises(TypeError, match="map_location"):
+        ct.load(path, map_location=lambda storage, location: storage)
+    with pytest.raises(TypeError, match="weights_only"):
+        ct.load(path, weights_only="yes")
+    with pytest.raises(TypeError, match="async_op"):
+        ct.save({"x": 1}, path, async_op=1)
+    with pytest.raises(TypeError, match="pickling"):
+        ct.save({"x": np.array([object()])}, path)
