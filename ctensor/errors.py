@@ -19,8 +19,9 @@ class DivergenceError(CollectiveError):
     Always checked with one tiny all-reduce of a 64-bit digest before each collective's
     data moves, so ranks that disagree raise it on every member instead of exchanging
     garbage; in debug mode (``CTENSOR_DEBUG=1`` or :func:`ct.debug.check_consistency`)
-    also for ranks that reached collectives of different groups. The message names what
-    each rank was doing.
+    also for ranks that reached collectives of different groups; and always for ranks about
+    to create different communicators (a group's ranks listed in another order, say). The
+    message names what each rank was doing.
     """
 
 

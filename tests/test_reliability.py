@@ -59,6 +59,36 @@ def run_mpi(args: list, nprocs: int = 2, **env) -> tuple[subprocess.CompletedPro
     return proc, time.monotonic() - start
 
 
+def run_mpi_timed(args: list, nprocs: int = 2, **env) -> tuple[int, list]:
+    """:func:`run_mpi`, reading the output as it comes: ``(exit code, [(seconds since the
+    start, line)])``, so a test can tell when each rank said what."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CTENSOR_")}
+    environ.update(PYTHONUNBUFFERED="1", **env)
+    start = time.monotonic()
+    proc = subprocess.Popen([_mpiexec(), "-n", str(nprocs), sys.executable, *map(str, args)],
+                            cwd=ROOT, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append((time.monotonic() - start, line.rstrip("\n")))
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        code = proc.wait()
+    reader.join(timeout=5)
+    return code, lines
+
+
+def _when(lines: list, text: str) -> float:
+    """When the first line holding ``text`` came (seconds), or infinity."""
+    return next((t for t, line in lines if text in line), float("inf"))
+
+
 # ----------------------------------------------------------------------------- under mpiexec
 @needs_launcher
 def test_skipped_to_global_is_a_divergence_error_on_both_ranks_in_debug_mode():
@@ -102,6 +132,88 @@ def test_collectives_of_different_groups_time_out_saying_what_to_do():
     assert "CTENSOR_DEBUG=1 mpiexec -n 2 python script.py" in out, out
     assert "CTENSOR_TIMEOUT=600" in out, out
     assert "finished without an error" not in out
+
+
+@needs_launcher
+def test_collectives_of_different_groups_time_out_on_every_rank_within_the_limit():
+    """other_group.py (the README's example): rank 0 waits in the guard of the world's
+    communicator, rank 1 in the agreement on creating the one of [1, 0]. Both raise
+    CommTimeoutError within CTENSOR_TIMEOUT + 5 s of starting it, each naming the other's
+    answer (rank 1's says it waits to create a communicator)."""
+    code, lines = run_mpi_timed([SCRIPTS / "other_group.py"], CTENSOR_TIMEOUT="3")
+    out = f"exit code {code}:\n" + "\n".join(f"{t:6.2f} {line}" for t, line in lines)
+    assert code != 0, out
+    started = max(_when(lines, f"rank {r} starts") for r in (0, 1))
+    for rank in (0, 1):
+        assert _when(lines, f"[rank {rank}] ctensor.errors.CommTimeoutError") < started + 8, out
+    assert ("rank 1: collective #1 on ranks [1, 0]: all_gather" in out and
+            "waiting for its members to create the MPI communicator of ranks [1, 0] first"
+            in out), out
+    assert ("[rank 1] ctensor.errors.CommTimeoutError: rank 1 waited 3 s (CTENSOR_TIMEOUT) in "
+            "collective #1 on ranks [1, 0]") in out, out
+    assert "(creating the MPI communicator of ranks [1, 0] first)" in out, out
+    assert "rank 0: collective #2 on ranks [0, 1]: all_gather" in out, out
+
+
+@needs_launcher
+@pytest.mark.parametrize("debug_mode", [False, True])
+@pytest.mark.parametrize("how", ["ones", "from_local"])
+def test_permuted_group_at_the_first_collective_raises_on_every_rank(how, debug_mode):
+    """The first collective of the job on [0, 1] on rank 0 and [1, 0] on rank 1: no
+    communicator exists yet, so both ranks would block in creating one (rank 0 in Dup of
+    the world, rank 1 in Create_group) and hang forever. The agreement before the creation
+    sees different groups: DivergenceError on both ranks, well within CTENSOR_TIMEOUT + 5
+    s, naming both sides; in debug mode the fingerprints already differ (DivergenceError
+    too). ``from_local`` first makes the world's communicator (its shape exchange): then,
+    as in other_group.py, rank 0 waits in that one's guard while rank 1 waits to create
+    another, and both raise CommTimeoutError within CTENSOR_TIMEOUT + 5 s."""
+    env = {"CTENSOR_TIMEOUT": "3", **({"CTENSOR_DEBUG": "1"} if debug_mode else {})}
+    code, lines = run_mpi_timed([SCRIPTS / "permuted_first.py", how], **env)
+    out = f"exit code {code}:\n" + "\n".join(f"{t:6.2f} {line}" for t, line in lines)
+    assert code != 0, out
+    started = max(_when(lines, f"rank {r} starts") for r in (0, 1))
+    assert started < float("inf"), out
+    error = "CommTimeoutError" if how == "from_local" and not debug_mode else "DivergenceError"
+    for rank in (0, 1):
+        assert _when(lines, f"[rank {rank}] ctensor.errors.{error}") < started + 8, out
+        assert out.count(f"[rank {rank}] ctensor.errors.{error}") == 1, out
+    assert "placement('cpu', [0, 1])" in out and "placement('cpu', [1, 0])" in out, out
+    if not debug_mode and how == "ones":
+        for rank in (0, 1):
+            assert (f"[rank {rank}]   rank 0 creates the MPI communicator of ranks [0, 1], "
+                    f"before collective #1") in out, out
+            assert (f"[rank {rank}]   rank 1 creates the MPI communicator of ranks [1, 0], "
+                    f"before collective #1") in out, out
+        assert "A placement's rank list is ordered" in out, out
+    assert "finished without an error" not in out, out
+
+
+@needs_launcher
+@pytest.mark.parametrize("how", ["permuted", "purpose"])
+def test_nccl_id_exchange_agrees_on_group_order_and_purpose(how):
+    """The NCCL unique-id exchange by the same discipline: a group listed in another order,
+    or the other communicator of the same group, is a DivergenceError on both ranks
+    (instead of two roots making two ids and both hanging in ncclCommInitRank)."""
+    proc, elapsed = run_mpi([SCRIPTS / "nccl_ids.py", how], CTENSOR_TIMEOUT="3")
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode != 0 and elapsed < 30, out
+    for rank in (0, 1):
+        assert out.count(f"[rank {rank}] ctensor.errors.DivergenceError: ranks") == 1, out
+    if how == "permuted":
+        assert "rank 1 creates the NCCL communicator of ranks [1, 0] for collectives" in out
+    else:
+        assert "rank 1 creates the NCCL communicator of ranks [0, 1] for transfers" in out
+    assert "rank 0 creates the NCCL communicator of ranks [0, 1] for collectives" in out, out
+    assert "finished without an error" not in out, out
+
+
+@needs_launcher
+def test_nccl_id_exchange_that_agrees_gives_the_roots_id_per_communicator():
+    proc, elapsed = run_mpi([SCRIPTS / "nccl_ids.py", "same"])
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode == 0 and elapsed < 30, out
+    for rank in (0, 1):
+        assert f"rank {rank} got ['id 0 of rank 0', 'id 1 of rank 0']" in out, out
 
 
 @needs_launcher
@@ -498,6 +610,55 @@ def test_ranks_that_all_leave_wait_for_each_other(fast):
     net = _Net()
     assert _in_threads(lambda: _watchdog(net, 0).leave(2),
                        lambda: _watchdog(net, 1).leave(2)) == [True, True]
+
+
+def test_creation_agreement_passes_when_the_ranks_create_the_same(fast):
+    net = _Net()
+    assert _in_threads(
+        lambda: _watchdog(net, 0).agree((0, 1), "the MPI communicator of ranks [0, 1]", _call()),
+        lambda: _watchdog(net, 1).agree((0, 1), "the MPI communicator of ranks [0, 1]",
+                                        _call())) == [None, None]
+
+
+def test_creation_agreement_on_other_groups_raises_on_every_rank(fast):
+    net = _Net()
+    results = _in_threads(
+        lambda: _watchdog(net, 0).agree((0, 1), "the MPI communicator of ranks [0, 1]", _call()),
+        lambda: _watchdog(net, 1).agree((1, 0), "the MPI communicator of ranks [1, 0]",
+                                        _call()))
+    for rank, exc in enumerate(results):
+        assert isinstance(exc, ct.DivergenceError), exc
+        text = str(exc)
+        assert f"seen from rank {rank}" in text, text
+        assert "rank 0 creates the MPI communicator of ranks [0, 1], before collective" in text
+        assert "rank 1 creates the MPI communicator of ranks [1, 0], before collective" in text
+
+
+def test_creation_agreement_with_a_rank_elsewhere_times_out_naming_its_answer(fast):
+    """Rank 1 waits in a collective of another group (answering queries); rank 0's
+    agreement times out and names rank 1's answer; rank 1, while it agrees on a creation,
+    answers that it does."""
+    net = _Net()
+    stop = threading.Event()
+    other = _watchdog(net, 1)
+    other.doing = _call(seq=7, collective="all_reduce", op="matmul")
+    other.creating = "the MPI communicator of ranks [1, 0]"
+
+    def rank1():
+        other._poll([_Request(stop.is_set)], 10.0)
+
+    def rank0():
+        try:
+            _watchdog(net, 0, timeout=0.2).agree((0, 1), "the MPI communicator of ranks "
+                                                          "[0, 1]", _call())
+        finally:
+            stop.set()
+    exc, _ = _in_threads(rank0, rank1)
+    assert isinstance(exc, ct.CommTimeoutError), exc
+    text = str(exc)
+    assert "(creating the MPI communicator of ranks [0, 1] first)" in text, text
+    assert "rank 1: collective #7" in text and "matmul" in text, text
+    assert "waiting for its members to create the MPI communicator of ranks [1, 0]" in text
 
 
 def test_wait_returns_when_requests_complete(fast):

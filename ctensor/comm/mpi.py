@@ -4,7 +4,9 @@ Tensor data always goes through the uppercase (zero-pickle) calls, with the ``v`
 variants where parts are uneven. Non-reducing collectives move raw bytes so every
 dtype (bool, float16, complex) works; reductions use the MPI datatype of the array.
 Sub-communicators are made once per group with ``Create_group`` (collective over the
-group only, after a timed handshake) and cached.
+group only) and cached; before any creation (``Create_group``, the guard's ``Dup``) the
+members agree, timed, that they all create the same one (:meth:`Watchdog.agree`: its
+group's ranks in order), so a creation never blocks forever.
 
 Every collective is the *nonblocking* MPI call completed by a :class:`Watchdog` wait,
 so no rank waits forever: after ``CTENSOR_TIMEOUT`` seconds it raises
@@ -170,8 +172,9 @@ class MPICommunicator(NonblockingExchange, Communicator):
         """The communicators of ``group`` (their rank i is ``group[i]``); made once."""
         channel = self._channels.get(group)
         if channel is None:
-            # Create_group and Dup block with no timeout: meet the members (timed) first
-            self.watchdog.handshake(group, call)
+            # Create_group and Dup block with no timeout: the members first agree (timed)
+            # that they all create this very communicator, its ranks in this order
+            self.watchdog.agree(group, f"the MPI communicator of ranks {list(group)}", call)
             if group == tuple(range(self.size)):
                 comm = self.world
             else:

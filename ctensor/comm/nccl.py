@@ -1,10 +1,11 @@
 """NCCL backend: one process per rank, CuPy buffers, ``cupy.cuda.nccl`` collectives.
 
 * One ``NcclCommunicator`` per group of ranks (a mesh-axis group, or the ranks of a
-  cross-placement exchange), created lazily and cached: the group's first rank makes the
-  unique id and sends it to the other members point-to-point over MPI (no MPI
-  sub-communicator needed, and a member that never comes gives a timeout, not a hang);
-  destroyed at interpreter exit.
+  cross-placement exchange), created lazily and cached: the members first agree (timed)
+  that they all create this communicator, its ranks in order, then the group's first rank
+  makes the unique id and sends it to the other members point-to-point over MPI (no MPI
+  sub-communicator needed; a member that never comes gives a timeout, one that creates
+  another communicator a ``DivergenceError``, never a hang); destroyed at interpreter exit.
 * Collectives are enqueued on the current CuPy stream and never synchronise the host;
   results are ordered before any later work on that stream.
 * NCCL has no ``v`` collectives: uneven all-gather and all-to-all use grouped send/recv
@@ -61,18 +62,27 @@ def loadable() -> bool:
     return bool(getattr(nccl, "available", False))
 
 
-def _share_unique_id(host, group: Group, make: Callable) -> Any:
-    """The group's first rank makes the NCCL unique id and sends it to the other members
-    (waited on by the host's watchdog, like every MPI call: a member that never comes is a
-    timeout or a left-rank error, not a hang)."""
+def _share_unique_id(host, group: Group, make: Callable, purpose: str = "collectives") -> Any:
+    """The unique id of the NCCL communicator of ``group`` (ranks in this order) for
+    ``purpose`` (``"collectives"`` or ``"transfers"``: one group has one of each).
+
+    The members first agree, timed, that they all create this very communicator
+    (:meth:`~ctensor.comm.watchdog.Watchdog.agree`: its purpose and its ranks in order), so
+    a rank that sets up another group, the same ranks in another order or the other
+    communicator of the same group raises instead of pairing up with the wrong id and
+    hanging in ``ncclCommInitRank``. Then the group's first rank makes the id and sends it,
+    with the communicator's name, to the other members (waited on by the host's watchdog,
+    like every MPI call: a member that never comes is a timeout or a left-rank error)."""
     from mpi4py import MPI
     world, rank = host.world, host.held_ranks[0]
+    what = f"the NCCL communicator of ranks {list(group)} for {purpose}"
     buf = np.zeros(_ID_BYTES, dtype=np.uint8)
     op, step = context.current()
     call = Call(0, "nccl_unique_id", tuple(group), op, step, (), "")
+    host.watchdog.agree(group, what, call)
     if rank == group[0]:
         uid = make()
-        data = np.frombuffer(pickle.dumps((tuple(group), uid)), dtype=np.uint8)
+        data = np.frombuffer(pickle.dumps((what, uid)), dtype=np.uint8)
         buf[:8] = np.frombuffer(np.int64(data.size).tobytes(), dtype=np.uint8)
         buf[8:8 + data.size] = data
         requests = [world.Isend([buf, MPI.BYTE], dest=r, tag=ID_TAG) for r in group[1:]]
@@ -81,10 +91,10 @@ def _share_unique_id(host, group: Group, make: Callable) -> Any:
     host.watchdog.wait([world.Irecv([buf, MPI.BYTE], source=group[0], tag=ID_TAG)], call,
                        group[:1])
     n = int(buf[:8].view(np.int64)[0])
-    sent_group, uid = pickle.loads(buf[8:8 + n].tobytes())
-    if tuple(sent_group) != tuple(group):
-        raise DivergenceError(f"NCCLCommunicator: rank {rank} set up NCCL group {list(group)} "
-                              f"while rank {group[0]} set up {list(sent_group)}; the ranks run "
+    sent_what, uid = pickle.loads(buf[8:8 + n].tobytes())
+    if sent_what != what:  # cannot happen after the agreement; never pair up the wrong ids
+        raise DivergenceError(f"NCCLCommunicator: rank {rank} set up {what} while rank "
+                              f"{group[0]} sent the id of {sent_what}; the ranks run "
                               f"different collectives")
     return uid
 
@@ -161,7 +171,9 @@ class NCCLCommunicator(HostWrapper):
         super().__init__(host)
         self.rank = self.held_ranks[0]
         self._nccl, self._xp, self._stream = nccl, xp, stream
-        self._share_id = share_id or (lambda group, make: _share_unique_id(host, group, make))
+        # share_id(group, make) -> id: a test's own exchange; None: the MPI one, which also
+        # checks which communicator of the group is made (_share_unique_id)
+        self._share_id = share_id
         self._single = single_rank_copies
         self._comms: dict = {}
         self._side_stream = None  # the stream of nonblocking transfers, made on first use
@@ -202,7 +214,10 @@ class NCCLCommunicator(HostWrapper):
         comm = self._comms.get(key)
         if comm is None:
             lib = self._lib()
-            uid = self._share_id(group, lib.get_unique_id)
+            if self._share_id is None:
+                uid = _share_unique_id(self._host, group, lib.get_unique_id, purpose)
+            else:
+                uid = self._share_id(group, lib.get_unique_id)
             comm = lib.NcclCommunicator(len(group), uid, group.index(self.rank))
             self._comms[key] = comm
         return comm

@@ -211,6 +211,8 @@ class Watchdog:
         self.idle = "not inside a ctensor collective"
         #: ranks that left: {rank: their notice}
         self.left: dict = {}
+        #: the communicator this rank is agreeing to create (:meth:`agree`), or None
+        self.creating: Optional[str] = None
         self._inflight: list = []  # (buffer, request) of queries and answers being sent
         self._query_buf = np.zeros(1, dtype=np.int64)
 
@@ -339,6 +341,8 @@ class Watchdog:
             source = status.Get_source()
             self.world.Recv([self._query_buf, MPI.INT64_T], source=source, tag=QUERY_TAG)
             text = self.doing.describe() if self.doing is not None else self.idle
+            if self.creating is not None:
+                text += f"; waiting for its members to create {self.creating} first"
             answer = _pack(b"", text)
             self._inflight.append((answer, self.world.Isend([answer, MPI.BYTE], dest=source,
                                                             tag=ANSWER_TAG)))
@@ -382,8 +386,11 @@ class Watchdog:
     def _timeout_error(self, call: Call, waiting_for: Sequence[int],
                        timeout: float) -> CommTimeoutError:
         answers = self.ask(list(waiting_for))
+        creating = (f" (creating {self.creating} first)" if self.creating is not None
+                    else "")
         lines = [f"rank {self.rank} waited {timeout:g} s (CTENSOR_TIMEOUT) in "
-                 f"{call.describe()}; the ranks {list(waiting_for)} did not complete it:"]
+                 f"{call.describe()}{creating}; the ranks {list(waiting_for)} did not "
+                 f"complete it:"]
         lines += _answer_lines(answers)
         lines.append("The ranks ran different collectives, one of them is stuck, or they are "
                      "only slow; the job cannot continue safely and will be aborted.")
@@ -443,13 +450,46 @@ class Watchdog:
         error = DivergenceError if elsewhere else CommTimeoutError
         return error("\n".join(lines))
 
-    def handshake(self, members: Sequence[int], call: Call) -> None:
-        """Timed meeting of ``members`` (before a blocking communicator creation)."""
+    def agree(self, members: Sequence[int], what: str, call: Call) -> None:
+        """Before a blocking communicator creation: the ``members`` agree that they all
+        create ``what`` (its kind and its group's ranks *in order*, such as ``"the MPI
+        communicator of ranks [1, 0]"``) now.
+
+        Each member sends every other one a fixed-size record (digest of ``what``, then the
+        text) point-to-point on the world communicator and receives theirs, under the
+        watchdog: a member that never comes (it waits in a collective of another group, or
+        is stuck) is a :class:`CommTimeoutError` after ``CTENSOR_TIMEOUT`` naming what it
+        answered, one that left a :class:`RankExitedError`. A member about to create
+        something else (a group listed in another order, another communicator of the same
+        group) sent its own record instead: since each rank creates its communicators one
+        at a time and the records of a pair of ranks arrive in the order they were sent,
+        the two can never both get past their creations, so every member that sees a
+        differing record raises :class:`DivergenceError` at once, naming both sides. Only
+        after every record matched does a member enter the creation, which then completes.
+        """
         MPI = self.MPI
         peers = [m for m in members if m != self.rank]
-        token = np.array([self.rank], dtype=np.int64)
-        bufs = {p: np.empty(1, dtype=np.int64) for p in peers}
-        reqs: list[Any] = [self.world.Irecv([bufs[p], MPI.INT64_T], source=p, tag=HANDSHAKE_TAG)
+        if not peers:
+            return
+        digest = hashlib.blake2b(what.encode(), digest_size=_DIGEST_BYTES).digest()
+        mine = _pack(digest, f"{what}, before {call.describe()}")
+        bufs = {p: np.zeros(RECORD_BYTES, dtype=np.uint8) for p in peers}
+        reqs: list[Any] = [self.world.Irecv([bufs[p], MPI.BYTE], source=p, tag=HANDSHAKE_TAG)
                            for p in peers]
-        reqs += [self.world.Isend([token, MPI.INT64_T], dest=p, tag=HANDSHAKE_TAG) for p in peers]
+        reqs += [self.world.Isend([mine, MPI.BYTE], dest=p, tag=HANDSHAKE_TAG) for p in peers]
+        self.creating = what  # kept after an error: the answer while the job aborts
         self.wait(reqs, call, peers)
+        self.creating = None
+        records = {p: _unpack(bufs[p]) for p in peers}
+        if all(d == digest for d, _ in records.values()):
+            return
+        texts = {self.rank: _unpack(mine)[1], **{p: t for p, (d, t) in records.items()}}
+        lines = [f"ranks {list(members)} are about to create different communicators (seen "
+                 f"from rank {self.rank}), so neither creation could ever complete:"]
+        lines += [f"  rank {r} creates {texts[r]}" for r in sorted(texts)]
+        lines.append("A placement's rank list is ordered (ct.placement(\"cpu\", [0, 1]) and "
+                     "ct.placement(\"cpu\", [1, 0]) are different groups): every rank must "
+                     "build the same placements and run the same ops on them in the same "
+                     "order; look for a rank-dependent placement or branch before this op. "
+                     "The job cannot continue and will be aborted.")
+        raise DivergenceError("\n".join(lines))

@@ -16,4 +16,5 @@ from . import sorting  # noqa: F401
 from . import scan  # noqa: F401
 from . import einsum  # noqa: F401
 from . import inplace  # noqa: F401
+from . import sampling  # noqa: F401
 from . import optimizer  # noqa: F401
