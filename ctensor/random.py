@@ -1,6 +1,8 @@
 """Counter-based random numbers whose values do not depend on placement, SBP or world size.
 
-Every random call takes the next *call counter* ``c`` of the generator (seed ``s``) and
+A generator (:class:`Generator`; ``ct.default_generator`` unless a call passes
+``generator=``) is a 64-bit seed and a 64-bit call counter. Every random call takes the next
+*call counter* ``c`` of its generator (seed ``s``) and
 defines the logical tensor elementwise: the element at row-major linear index ``i`` is a
 pure function of ``(s, c, i)``, computed with Philox4x32-10 (key ``s``, counter built
 from ``i``'s block and ``c``; the exact bit recipe is in :mod:`ctensor._philox`). Each rank
@@ -8,6 +10,12 @@ computes just its own shard from the logical region it holds, so ``ct.randn(8, 1
 same bits for every placement and SBP (split, nested, uneven, partial), world size,
 simulation or MPI, NumPy or CuPy. Every call advances the counter by one on every process,
 inside the placement or not, so ranks stay in step.
+
+:func:`randperm` is defined over the logical index too: ``randperm(n)`` is the stable
+argsort of ``n`` random 63-bit integers drawn in one call (element ``i`` the integer of index
+``i``), so its shards do not depend on the layout either (each rank draws the ``n`` keys and
+keeps its part of the order). The distributions of ``ctensor.ops.sampling``
+(``uniform_ normal_ exponential_ bernoulli multinomial``) are maps of one such draw.
 
 >>> ct.manual_seed(0)
 >>> a = ct.randn(4, 6, placement=ct.placement("cpu", [0, 1]), sbp=ct.sbp.split(1))
@@ -18,17 +26,21 @@ True
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ._args import unpack_sizes
 from ._philox import Kind, Scratch, cuda_fill, elements_per_block, fill_blocks, philox4x32
 from .creation import generate, resolve
 from .layout import Layout
+from .runtime import world
 from .sbp import without_partial
 from .tensor import Tensor
 
-__all__ = ["Kind", "manual_seed", "initial_seed", "get_state", "set_state", "next_key", "region",
-           "rand", "randn", "randint", "rand_like", "randn_like"]
+__all__ = ["Kind", "Generator", "default_generator", "manual_seed", "seed", "initial_seed",
+           "get_state", "set_state", "next_key", "region", "draw", "rand", "randn", "randint",
+           "rand_like", "randn_like", "randperm"]
 
 DEFAULT_SEED = 0
 _UINT64 = 1 << 64
@@ -38,19 +50,6 @@ _CHUNK_BLOCKS = 8192
 _CHUNK_RANGE = np.arange(_CHUNK_BLOCKS, dtype=np.int64)
 
 
-class _Generator:
-    """The generator's whole state: a 64-bit seed and a 64-bit call counter."""
-
-    __slots__ = ("seed", "counter")
-
-    def __init__(self, seed: int):
-        self.seed = seed
-        self.counter = 0
-
-
-_generator = _Generator(DEFAULT_SEED)
-
-
 def _check_int(fn: str, arg: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{fn}: argument '{arg}' must be an int, got {value!r} "
@@ -58,54 +57,141 @@ def _check_int(fn: str, arg: str, value) -> int:
     return int(value)
 
 
-def manual_seed(seed: int) -> None:
-    """Seed the generator and reset its call counter (every rank must use the same seed).
+def _check_state(fn: str, state) -> tuple:
+    if not isinstance(state, dict) or set(state) != {"seed", "counter"}:
+        raise TypeError(f"{fn}: argument 'state' must be a dict with keys 'seed' and "
+                        f"'counter' (from get_state()), got {state!r}")
+    values = []
+    for name in ("seed", "counter"):
+        v = _check_int(fn, f"state[{name!r}]", state[name])
+        if not 0 <= v < _UINT64:
+            raise ValueError(f"{fn}: state[{name!r}] must be in [0, 2**64), got {v}")
+        values.append(v)
+    return tuple(values)
+
+
+class Generator:
+    """A random-number generator (PyTorch's ``torch.Generator``): a 64-bit seed and a 64-bit
+    call counter, nothing else, so the numbers it gives are the same for every layout,
+    world size and device. Pass it as ``generator=`` to ``rand randn randint randperm
+    rand_like randn_like multinomial bernoulli`` and the in-place ``uniform_ normal_
+    exponential_ bernoulli_``; it advances on every process alike (every rank must make
+    the same calls). ``device`` is accepted for PyTorch's signature; the bits do not depend
+    on it.
+
+    >>> g = ct.Generator().manual_seed(42)
+    >>> a = ct.rand(3, generator=g)               # the default generator does not move
+    >>> state = g.get_state(); b = ct.rand(3, generator=g)
+    >>> g.set_state(state); bool((ct.rand(3, generator=g) == b).all())
+    True
+    """
+
+    __slots__ = ("_seed", "_counter", "device")
+
+    def __init__(self, device: str = "cpu"):
+        device = getattr(device, "device", device)  # a ct.placement names its device too
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"Generator: argument 'device' must be 'cpu' or 'cuda', got "
+                             f"{device!r}")
+        self.device = device
+        self._seed, self._counter = DEFAULT_SEED, 0
+
+    def manual_seed(self, seed: int) -> "Generator":
+        """Seed it and reset its counter (any int, taken modulo 2^64); returns it."""
+        self._seed = _check_int("manual_seed", "seed", seed) % _UINT64
+        self._counter = 0
+        return self
+
+    def seed(self) -> int:
+        """Seed it from the operating system's entropy (rank 0's, sent to every rank:
+        collective, every rank must call it) and return the seed."""
+        w = world()
+        mine = int.from_bytes(os.urandom(8), "little")
+        values = w.exchange({r: mine for r in w.held_ranks})
+        self.manual_seed(values[0] if values else mine)
+        return self._seed
+
+    def initial_seed(self) -> int:
+        """The seed it was last given (``0`` for a fresh generator)."""
+        return self._seed
+
+    def get_state(self) -> dict:
+        """``{"seed": int, "counter": int}``: everything it holds (for a checkpoint)."""
+        return {"seed": self._seed, "counter": self._counter}
+
+    def set_state(self, state: dict) -> "Generator":
+        """Restore a state returned by :meth:`get_state`; returns it."""
+        self._seed, self._counter = _check_state("set_state", state)
+        return self
+
+    def next_key(self) -> tuple:
+        """``(seed, call)`` for one random call, advancing the counter."""
+        key = (self._seed, self._counter)
+        self._counter = (self._counter + 1) % _UINT64
+        return key
+
+    def __repr__(self) -> str:
+        return f"ct.Generator(seed={self._seed}, counter={self._counter})"
+
+
+#: the generator of every random call that passes no ``generator=``
+default_generator = Generator()
+
+
+def _generator(fn: str, generator) -> Generator:
+    if generator is None:
+        return default_generator
+    if not isinstance(generator, Generator):
+        raise TypeError(f"{fn}: argument 'generator' must be a ct.Generator, got "
+                        f"{type(generator).__name__}")
+    return generator
+
+
+def manual_seed(seed: int) -> Generator:
+    """Seed the default generator and reset its call counter (every rank must use the same
+    seed); returns the default generator, as PyTorch.
 
     Any int is accepted and taken modulo 2^64 (so ``-1`` is ``2^64 - 1``).
 
     >>> ct.manual_seed(1234)
     """
-    _generator.seed = _check_int("manual_seed", "seed", seed) % _UINT64
-    _generator.counter = 0
+    return default_generator.manual_seed(seed)
+
+
+def seed() -> int:
+    """Seed the default generator non-deterministically (rank 0's entropy, the same on
+    every rank: collective) and return the seed."""
+    return default_generator.seed()
 
 
 def initial_seed() -> int:
     """The seed given to the last :func:`manual_seed` (``0`` by default)."""
-    return _generator.seed
+    return default_generator.initial_seed()
 
 
 def get_state() -> dict:
-    """The generator's state ``{"seed": int, "counter": int}``, e.g. for a checkpoint.
+    """The default generator's state ``{"seed": int, "counter": int}``, e.g. for a
+    checkpoint.
 
     >>> state = ct.random.get_state()
     >>> a = ct.rand(3); ct.random.set_state(state); b = ct.rand(3)    # a equals b
     """
-    return {"seed": _generator.seed, "counter": _generator.counter}
+    return default_generator.get_state()
 
 
 def set_state(state: dict) -> None:
     """Restore a state returned by :func:`get_state` (``{"seed": s, "counter": c}``)."""
-    if not isinstance(state, dict) or set(state) != {"seed", "counter"}:
-        raise TypeError(f"set_state: argument 'state' must be a dict with keys 'seed' and "
-                        f"'counter' (from ct.random.get_state()), got {state!r}")
-    values = {}
-    for name in ("seed", "counter"):
-        v = _check_int("set_state", f"state[{name!r}]", state[name])
-        if not 0 <= v < _UINT64:
-            raise ValueError(f"set_state: state[{name!r}] must be in [0, 2**64), got {v}")
-        values[name] = v
-    _generator.seed, _generator.counter = values["seed"], values["counter"]
+    default_generator.set_state(state)
 
 
-def next_key() -> tuple:
-    """``(seed, call)`` for one random call, advancing the counter (for kernels that draw
-    their own numbers through :func:`region`; every rank must call it alike).
+def next_key(generator=None) -> tuple:
+    """``(seed, call)`` for one random call of ``generator`` (default: the default one),
+    advancing its counter (for kernels that draw their own numbers through :func:`region`;
+    every rank must call it alike).
 
     >>> seed, call = ct.random.next_key()
     """
-    key = (_generator.seed, _generator.counter)
-    _generator.counter = (_generator.counter + 1) % _UINT64
-    return key
+    return _generator("next_key", generator).next_key()
 
 
 # ------------------------------------------------------------------------------ one region
@@ -183,9 +269,14 @@ def region(kind: int, shape: tuple, box: tuple, dtype, key: tuple, xp=np, low: i
     return _numpy_region(kind, tuple(shape), tuple(box), dtype, key, low, span).reshape(local)
 
 
-def _draw(layout: Layout, kind: int, requires_grad: bool = False, low: int = 0,
-          span: int = 0) -> Tensor:
-    key = next_key()  # taken on every process, in the placement or not
+def draw(layout: Layout, kind: int, generator=None, requires_grad: bool = False, low: int = 0,
+         span: int = 0) -> Tensor:
+    """A random tensor of ``layout`` drawn with one call of ``generator`` (the default when
+    None): each shard is its :func:`region` (the building block of every random function).
+
+    >>> u = ct.random.draw(x._layout, ct.random.Kind.UNIFORM)
+    """
+    key = _generator("draw", generator).next_key()  # on every process, in the placement or not
     return generate(layout, lambda xp, box, dtype: region(kind, layout.shape, box, dtype, key,
                                                           xp, low, span), requires_grad)
 
@@ -201,34 +292,39 @@ def _float_layout(fn: str, shape, placement, sbp, dtype, requires_grad) -> Layou
     return layout
 
 
-def rand(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
+def rand(*size, generator=None, placement=None, sbp=None, dtype=None,
+         requires_grad: bool = False) -> Tensor:
     """Uniform numbers in ``[0, 1)`` (float32: 24 random bits, float64: 53).
 
     >>> ct.manual_seed(0)
     >>> x = ct.rand(4, 8, placement=ct.placement("cpu", [0, 1]), sbp=ct.sbp.split(0))
     """
+    gen = _generator("rand", generator)
     layout = _float_layout("rand", unpack_sizes(size), placement, sbp, dtype, requires_grad)
-    return _draw(layout, Kind.UNIFORM, requires_grad)
+    return draw(layout, Kind.UNIFORM, gen, requires_grad)
 
 
-def randn(*size, placement=None, sbp=None, dtype=None, requires_grad: bool = False) -> Tensor:
+def randn(*size, generator=None, placement=None, sbp=None, dtype=None,
+          requires_grad: bool = False) -> Tensor:
     """Standard normal numbers (Box-Muller on Philox bits).
 
     >>> ct.manual_seed(0)
     >>> w = ct.randn(16, 32, sbp=ct.sbp.broadcast, requires_grad=True)
     """
+    gen = _generator("randn", generator)
     layout = _float_layout("randn", unpack_sizes(size), placement, sbp, dtype, requires_grad)
-    return _draw(layout, Kind.NORMAL, requires_grad)
+    return draw(layout, Kind.NORMAL, gen, requires_grad)
 
 
 def randint(low, high=None, size=None, placement=None, sbp=None, dtype=None,
-            requires_grad: bool = False) -> Tensor:
+            requires_grad: bool = False, generator=None) -> Tensor:
     """Integers drawn uniformly from ``[low, high)`` (``randint(high, size)`` means low 0).
 
     >>> ids = ct.randint(0, 50, (4, 16), sbp=ct.sbp.split(0))        # int64
     >>> ids = ct.randint(50, (4, 16))
     """
     fn = "randint"
+    gen = _generator(fn, generator)
     if size is None:
         if not isinstance(high, (tuple, list)):
             raise TypeError(f"{fn}: argument 'size' is missing; call randint(low, high, size) "
@@ -249,34 +345,68 @@ def randint(low, high=None, size=None, placement=None, sbp=None, dtype=None,
     if low < info.min or high - 1 > info.max:
         raise ValueError(f"{fn}: [low, high) = [{low}, {high}) does not fit dtype "
                          f"{layout.dtype} (values {info.min}..{info.max})")
-    return _draw(layout, Kind.INTEGER, False, low, (high - low) % _UINT64)
+    return draw(layout, Kind.INTEGER, gen, False, low, (high - low) % _UINT64)
 
 
-def _like(fn: str, kind: int, x: Tensor, dtype, placement, sbp, requires_grad) -> Tensor:
+def _like(fn: str, kind: int, x: Tensor, dtype, placement, sbp, requires_grad,
+          generator) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{fn}: argument 'x' must be a ct.Tensor, got {type(x).__name__}")
+    gen = _generator(fn, generator)
     if sbp is None:
         sbp = without_partial(x.sbp)
     layout = _float_layout(fn, x.shape, placement or x.placement, sbp,
                            x.dtype if dtype is None else dtype, requires_grad)
-    return _draw(layout, kind, requires_grad)
+    return draw(layout, kind, gen, requires_grad)
 
 
 def rand_like(x: Tensor, dtype=None, placement=None, sbp=None,
-              requires_grad: bool = False) -> Tensor:
+              requires_grad: bool = False, generator=None) -> Tensor:
     """:func:`rand` with ``x``'s shape, dtype, placement and SBP (partial axes become
     broadcast); the dropout mask is ``ct.rand_like(x) >= p``.
 
     >>> keep = ct.rand_like(h) >= 0.1
     """
-    return _like("rand_like", Kind.UNIFORM, x, dtype, placement, sbp, requires_grad)
+    return _like("rand_like", Kind.UNIFORM, x, dtype, placement, sbp, requires_grad, generator)
 
 
 def randn_like(x: Tensor, dtype=None, placement=None, sbp=None,
-               requires_grad: bool = False) -> Tensor:
+               requires_grad: bool = False, generator=None) -> Tensor:
     """:func:`randn` with ``x``'s shape, dtype, placement and SBP (partial axes become
     broadcast).
 
     >>> noise = ct.randn_like(h) * 0.01
     """
-    return _like("randn_like", Kind.NORMAL, x, dtype, placement, sbp, requires_grad)
+    return _like("randn_like", Kind.NORMAL, x, dtype, placement, sbp, requires_grad, generator)
+
+
+def randperm(n: int, *, generator=None, dtype=None, placement=None, sbp=None,
+             requires_grad: bool = False) -> Tensor:
+    """A random permutation of ``0 .. n-1`` (int64 unless ``dtype``): the stable argsort of
+    ``n`` random 63-bit integers drawn in one call, so the same for every layout (each rank
+    draws the ``n`` keys, O(n log n), and keeps its part).
+
+    >>> order = ct.randperm(10, sbp=ct.sbp.split(0))
+    """
+    fn = "randperm"
+    gen = _generator(fn, generator)
+    n = _check_int(fn, "n", n)
+    if n < 0:
+        raise ValueError(f"{fn}: argument 'n' must be >= 0, got {n}")
+    layout = resolve(fn, (n,), placement, sbp, np.int64 if dtype is None else dtype)
+    kind = layout.dtype.kind
+    exact = (np.iinfo(layout.dtype).max if kind in "iu" else
+             2 ** (np.finfo(layout.dtype).nmant + 1) if kind == "f" else -1)
+    if n - 1 > exact:  # every integer up to n - 1 must be exact in the dtype
+        raise TypeError(f"{fn}: argument 'dtype' must be an integer or floating dtype that "
+                        f"holds 0..{n - 1} exactly, got {layout.dtype}; use ct.int64")
+    if requires_grad and layout.dtype.kind != "f":
+        raise ValueError(f"{fn}: requires_grad=True needs a floating dtype, got {layout.dtype}")
+    key = gen.next_key()
+    whole = ((0, n),)
+
+    def fill(xp, box, dtype):
+        keys = region(Kind.INTEGER, (n,), whole, np.int64, key, xp, 0, 1 << 63)
+        order = xp.argsort(keys, kind="stable") if xp is np else xp.argsort(keys)
+        return order[box[0][0]:box[0][1]].astype(dtype)
+    return generate(layout, fill, requires_grad)

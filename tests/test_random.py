@@ -422,3 +422,216 @@ def test_bad_arguments_raise_before_drawing(call, error):
         call()
     assert info.value.args and isinstance(info.value.args[0], str)
     assert ct.random.get_state() == {"seed": 0, "counter": 0}   # nothing was drawn
+
+
+# ------------------------------------------------------------------ Generator
+def test_generators_are_independent_streams():
+    one = ct.placement("cpu", [0])
+    assert ct.manual_seed(5) is ct.default_generator and ct.initial_seed() == 5
+    g = ct.Generator()
+    assert g.initial_seed() == 0 and g.device == "cpu" and "seed=0" in repr(g)
+    assert g.manual_seed(5) is g and g.get_state() == {"seed": 5, "counter": 0}
+    a = ct.rand(4, 3, generator=g, placement=one).numpy()
+    assert ct.random.get_state() == {"seed": 5, "counter": 0}       # default did not move
+    assert same_bits(a, ct.rand(4, 3, placement=one).numpy())       # same seed, same bits
+    assert g.get_state() == {"seed": 5, "counter": 1}
+    state = g.get_state()
+    draws = [lambda: ct.randn(5, generator=g, placement=one),
+             lambda: ct.randint(0, 9, (5,), generator=g, placement=one),
+             lambda: ct.randperm(6, generator=g, placement=one),
+             lambda: ct.rand_like(ct.ones(2, 2, placement=one), generator=g),
+             lambda: ct.randn_like(ct.ones(2, 2, placement=one), generator=g),
+             lambda: ct.ones(4, placement=one).uniform_(generator=g),
+             lambda: ct.ones(4, placement=one).normal_(generator=g),
+             lambda: ct.ones(4, placement=one).exponential_(generator=g),
+             lambda: ct.ones(4, placement=one).bernoulli_(generator=g),
+             lambda: ct.bernoulli(ct.full((4,), 0.5, placement=one), generator=g),
+             lambda: ct.multinomial(ct.ones(4, placement=one), 2, generator=g)]
+    first = [d().numpy() for d in draws]
+    assert g.get_state()["counter"] == 1 + len(draws)
+    assert ct.random.get_state() == {"seed": 5, "counter": 1}
+    assert g.set_state(state) is g
+    assert all(same_bits(d().numpy(), f) for d, f in zip(draws, first))
+    ct.manual_seed(5)
+    ct.rand(1, placement=one)
+    assert same_bits(ct.randn(5, placement=one).numpy(), first[0])   # the same stream
+    seeded = g.seed()                       # entropy, agreed by every rank
+    assert g.initial_seed() == seeded and g.get_state() == {"seed": seeded, "counter": 0}
+    assert 0 <= ct.seed() < 2 ** 64 and ct.initial_seed() == ct.default_generator.initial_seed()
+    assert ct.Generator(device="cuda").device == "cuda"
+    with pytest.raises(ValueError, match="Generator: argument 'device' must be 'cpu' or 'cuda'"):
+        ct.Generator("tpu")
+    with pytest.raises(TypeError, match="rand: argument 'generator' must be a ct.Generator"):
+        ct.rand(3, generator=np.random.default_rng(0))
+    with pytest.raises(TypeError, match="set_state: argument 'state' must be a dict"):
+        g.set_state([1, 2])
+
+
+def test_seed_is_the_same_on_every_rank(mesh):
+    ct.seed()
+    x = ct.rand(4, 6, placement=mesh, sbp=(S(1),) * mesh.ndim)
+    shards = x.local_shards()
+    want = x.numpy()                       # one logical value: every rank drew alike
+    for r, arr in shards.items():
+        assert same_bits(arr, want[tuple(slice(a, b) for a, b in x._layout.region(r))])
+
+
+# ------------------------------------------------------------------ sampling
+def _region_of(shape, kind, key, dtype=np.float64, low=0, span=0):
+    return region(kind, shape, tuple((0, n) for n in shape), dtype, key, np, low, span)
+
+
+SAMPLING = {
+    "randperm": lambda mesh, sbp: ct.randperm(23, placement=mesh, sbp=sbp),
+    "randperm_f32": lambda mesh, sbp: ct.randperm(9, placement=mesh, sbp=sbp,
+                                                  dtype=np.float32),
+    "multinomial": lambda mesh, sbp: ct.multinomial(_weights(mesh, sbp), 4),
+    "multinomial_replacement": lambda mesh, sbp: ct.multinomial(_weights(mesh, sbp), 9, True),
+    "uniform_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2)).uniform_(2, 3),
+    "normal_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2),
+                                          dtype=np.float64).normal_(1, 2),
+    "exponential_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2),
+                                               dtype=np.float16).exponential_(),
+    "bernoulli_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2),
+                                             dtype=np.int32).bernoulli_(0.3),
+    "bernoulli": lambda mesh, sbp: ct.bernoulli(_weights(mesh, sbp) / 3.0),
+}
+
+
+def _nd(sbp, ndim):
+    """``sbp`` with splits of dims the tensor lacks made broadcast."""
+    return tuple(B if isinstance(s, ct.sbp.Split) and s.dim >= ndim else s for s in sbp)
+
+
+def _weights(mesh, sbp):
+    w = np.abs(np.sin(np.arange(7 * 11, dtype=np.float64))).reshape(7, 11)
+    w[2, :7] = 0.0                          # a row with just enough positive weights (4)
+    return ct.tensor(w, placement=mesh, sbp=_nd(sbp, 2))
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLING))
+def test_sampling_does_not_depend_on_placement_or_sbp(mesh, name):
+    one = ct.placement("cpu", [0])
+    ct.manual_seed(21)
+    want = SAMPLING[name](one, (B,)).numpy()
+    for sbp in _sbps(mesh, 2):
+        if name.startswith("randperm"):
+            sbp = tuple(B if isinstance(s, Partial) or getattr(s, "dim", 0) > 0 else s
+                        for s in sbp)
+        ct.manual_seed(21)
+        x = SAMPLING[name](mesh, sbp)
+        assert x.placement == mesh
+        assert same_bits(x.numpy(), want), (name, sbp)
+    assert ct.random.get_state()["counter"] == 1        # one call each, on every rank
+
+
+def test_randperm_is_the_argsort_of_one_draw():
+    one = ct.placement("cpu", [0])
+    ct.manual_seed(4)
+    p = ct.randperm(1000, placement=one).numpy()
+    keys = _region_of((1000,), Kind.INTEGER, (4, 0), np.int64, 0, 1 << 63)
+    assert keys.min() >= 0 and p.dtype == np.int64
+    np.testing.assert_array_equal(p, np.argsort(keys, kind="stable"))
+    assert sorted(p.tolist()) == list(range(1000))
+    assert ct.randperm(0, placement=one).shape == (0,)
+    assert ct.randperm(5, dtype=ct.float64, requires_grad=True).requires_grad
+
+
+def test_sampling_statistics():
+    one = ct.placement("cpu", [0])
+    ct.manual_seed(8)
+    w = np.array([0.1, 0.0, 0.2, 0.3, 0.4])
+    n = 40000
+    draws = ct.multinomial(ct.tensor(w, placement=one), n, replacement=True).numpy()
+    freq = np.bincount(draws, minlength=5) / n
+    np.testing.assert_allclose(freq, w, atol=0.01)
+    assert freq[1] == 0
+    rows = ct.tensor(np.tile(w * 7.0, (4000, 1)), placement=one)     # weights need not sum 1
+    picks = ct.multinomial(rows, 3).numpy()
+    assert all(len(set(r)) == 3 for r in picks.tolist()) and (picks != 1).all()
+    np.testing.assert_allclose(np.bincount(picks[:, 0], minlength=5) / 4000, w, atol=0.025)
+    # second pick without replacement: P(j second) = sum_i w_i w_j / (1 - w_i)
+    second = [sum(w[i] * w[j] / (1 - w[i]) for i in range(5) if i != j) for j in range(5)]
+    np.testing.assert_allclose(np.bincount(picks[:, 1], minlength=5) / 4000, second, atol=0.025)
+    x = ct.empty(200000, dtype=ct.float64, placement=one)
+    e = x.exponential_(4.0).numpy()
+    assert e.min() >= 0 and abs(e.mean() - 0.25) < 0.005 and abs(e.std() - 0.25) < 0.005
+    u = x.uniform_(-2.0, 6.0).numpy()
+    assert u.min() >= -2.0 and u.max() < 6.0 and abs(u.mean() - 2.0) < 0.03
+    z = x.normal_(3.0, 0.5).numpy()
+    assert abs(z.mean() - 3.0) < 0.01 and abs(z.std() - 0.5) < 0.01
+    b = ct.zeros(100000, dtype=ct.long, placement=one).bernoulli_(0.25).numpy()
+    assert b.dtype == np.int64 and set(b.tolist()) == {0, 1} and abs(b.mean() - 0.25) < 0.01
+    p = ct.tensor(np.linspace(0, 1, 5), placement=one)
+    hits = np.mean([ct.bernoulli(p).numpy() for _ in range(2000)], axis=0)
+    np.testing.assert_allclose(hits, np.linspace(0, 1, 5), atol=0.04)
+    assert hits[0] == 0 and hits[-1] == 1
+
+
+def test_in_place_sampling_rules():
+    w = ct.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="uniform_: a leaf tensor that requires grad"):
+        w.uniform_()
+    with ct.no_grad():
+        assert w.normal_() is w and w.requires_grad and w.is_leaf
+    h = w * 2
+    h.uniform_(**{"from": 5, "to": 6})                 # PyTorch's keyword names
+    assert not h.requires_grad and (h.numpy() >= 5).all()
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: ct.randperm(-1), ValueError, "randperm: argument 'n' must be >= 0"),
+    (lambda: ct.randperm(3.0), TypeError, "randperm: argument 'n' must be an int"),
+    (lambda: ct.randperm(3000, dtype=ct.float16), TypeError, "holds 0..2999 exactly"),
+    (lambda: ct.randperm(3, dtype=ct.bool), TypeError, "randperm: argument 'dtype'"),
+    (lambda: ct.randperm(3, requires_grad=True), ValueError, "needs a floating dtype"),
+    (lambda: ct.multinomial(ct.ones(3), 4), ValueError, "without replacement at most"),
+    (lambda: ct.multinomial(ct.ones(3), 0, True), ValueError, "'num_samples' is 0"),
+    (lambda: ct.multinomial(ct.ones(3), 2.0), TypeError, "'num_samples' must be an int"),
+    (lambda: ct.multinomial(ct.ones(2, 2, 2), 1), ValueError, "1-D or 2-D floating"),
+    (lambda: ct.multinomial(ct.ones(3, dtype=ct.long), 1), ValueError, "1-D or 2-D floating"),
+    (lambda: ct.multinomial(ct.tensor([1.0, -1.0, 2.0]), 1), ValueError,
+     "1 elements of 'input' are negative, inf or nan"),
+    (lambda: ct.multinomial(ct.tensor([[1.0, float("nan")]]), 1, True), ValueError,
+     "negative, inf or nan"),
+    (lambda: ct.multinomial(ct.tensor([[1.0, 0.0], [0.0, 0.0]]), 1, True), ValueError,
+     "1 rows of 'input' have fewer than 1 positive weights"),
+    (lambda: ct.multinomial(ct.tensor([1.0, 0.0, 0.0]), 2), ValueError,
+     "fewer than 2 positive weights"),
+    (lambda: ct.ones(3, dtype=ct.long).uniform_(), TypeError, "uniform_: the tensor has dtype"),
+    (lambda: ct.ones(3).uniform_(2, 1), ValueError, "expects from <= to"),
+    (lambda: ct.ones(3).uniform_(0, 1, 2), TypeError, "accepted: uniform_(from=0, to=1"),
+    (lambda: ct.ones(3).uniform_(low=0), TypeError, "unexpected arguments ['low']"),
+    (lambda: ct.ones(3).normal_(0, -1), ValueError, "normal_: expects std >= 0.0"),
+    (lambda: ct.ones(3).normal_("0"), TypeError, "normal_: argument 'mean' must be a real"),
+    (lambda: ct.ones(3).exponential_(0), ValueError, "exponential_: expects lambd > 0.0"),
+    (lambda: ct.ones(3).bernoulli_(1.5), ValueError, "bernoulli_: expects 0 <= p <= 1"),
+    (lambda: ct.ones(3).bernoulli_(ct.tensor([0.5, 2.0, 0.1])), ValueError,
+     "1 elements of 'p' are outside it"),
+    (lambda: ct.bernoulli(ct.ones(3, dtype=ct.long)), TypeError, "must have a floating"),
+    (lambda: ct.bernoulli(np.ones(3)), TypeError, "bernoulli: argument 'input' must be a ct"),
+    (lambda: ct.ones(3).normal_(generator=3), TypeError, "must be a ct.Generator"),
+])
+def test_sampling_bad_arguments_raise_before_drawing(call, error, words):
+    ct.manual_seed(0)
+    with pytest.raises(error) as info:
+        call()
+    assert words in str(info.value)
+    assert ct.random.get_state() == {"seed": 0, "counter": 0}   # nothing was drawn
+
+
+# Computed once in simulation; MPI runs must give the very same bits.
+SAMPLING_DIGESTS = {"exponential": "15c413522098c3c5", "multinomial": "e033f773310c28c1",
+                    "multinomial_r": "103be05b8d16c5eb", "randperm": "de9a44d2ae2c2c92"}
+
+
+def test_sampling_digests_in_every_mode():
+    p = ct.placement.all()
+    ct.manual_seed(2024)
+    w = ct.tensor(np.abs(np.cos(np.arange(60.0))).reshape(6, 10), placement=p,
+                  sbp=ct.sbp.split(0))
+    got = {"randperm": _digest(ct.randperm(101, placement=p, sbp=S(0))),
+           "multinomial": _digest(ct.multinomial(w, 5)),
+           "multinomial_r": _digest(ct.multinomial(w, 7, True)),
+           "exponential": _digest(ct.zeros(13, 7, placement=p, sbp=S(1)).exponential_())}
+    assert got == SAMPLING_DIGESTS
