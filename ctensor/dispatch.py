@@ -50,7 +50,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from . import autograd, boxing, saved, shapeonly
+from . import autograd, boxing, quiet, saved, shapeonly
 from . import cost as cost_model
 from .arrays import array_module
 from .choice import choose
@@ -65,8 +65,7 @@ from .runtime import world
 from .sbp import Broadcast, format_sbp
 from .tensor import TENSOR_TYPES, Tensor
 
-_SINGLE = (0,)
-_PAIR, _PAIR_SAME = (0, 1), (0, 0)
+_SINGLE, _PAIR, _PAIR_SAME = (0,), (0, 1), (0, 0)
 
 __all__ = ["OpDef", "Signature", "sig", "defop", "apply", "as_tensor", "KernelContext",
            "BackwardContext"]
@@ -260,13 +259,11 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     bitmask of inputs needing a gradient and the input layouts that returns them), so that
     an in-place write to anything else after the op is allowed and the backward context
     keeps nothing else alive (the rest is kept as a :class:`LayoutOnly`). ``name`` defaults to
-    the front's name; ``method=True``
-    binds ``Tensor.<name>``, ``method="other"`` binds ``Tensor.other``.
-    ``keyword_error(opname, keyword, front)`` makes the exception an unknown keyword
-    raises (the op families pass PyTorch's wording, see ``ops/_rules.py``). ``forwards=True``
-    says the front is ``def front(op, x): return op(x)`` or ``def front(op, a, b): return
-    op(a, b)``: the public function then
-    dispatches directly (one call layer less on the hottest ops: arithmetic, unary math).
+    the front's name; ``method=True`` binds ``Tensor.<name>``, ``method="other"``
+    ``Tensor.other``. ``keyword_error(opname, keyword, front)`` makes the exception of an
+    unknown keyword (the families pass PyTorch's wording, ``ops/_rules.py``). ``forwards=True``:
+    the front is ``def front(op, x): return op(x)`` or ``(op, a, b): return op(a, b)``, so
+    the public function dispatches directly (the hottest ops: arithmetic, unary math).
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
@@ -585,6 +582,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, key)
     else:
         xp, kernel = plan.xp, opdef.kernel
+        token = quiet.off()  # no RuntimeWarning: inf/nan as PyTorch gives (ctensor/quiet.py)
         try:
             if plan.unrolled:
                 # (the common case, unrolled: one output, no context, one or two inputs)
@@ -620,6 +618,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         except KeyError:
             _stale(opdef, tensors)
             raise
+        finally:
+            quiet.restore(token)
         outputs = [Tensor(out_layouts[0], results[0])] if single else \
             [Tensor(l, r) for l, r in zip(out_layouts, results)]
     if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so

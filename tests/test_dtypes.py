@@ -139,13 +139,18 @@ def test_scalar_promotion_through_ops(mesh):
         u + 300
 
 
-def test_statistics_of_integers_are_default_float(mesh):
+def test_statistics_of_integers_raise_as_in_pytorch(mesh):
     i = _t([1, 2, 3, 4], mesh, dtype=np.int64)
-    for out, want in ((i.mean(), 2.5), (i.var(), np.var([1, 2, 3, 4], ddof=1)),
-                      (i.std(), np.std([1, 2, 3, 4], ddof=1)),
-                      (i.norm(), np.sqrt(30.0))):
-        assert out.dtype == np.float32
-        np.testing.assert_allclose(out.item(), want, rtol=1e-6)
+    for name in ("mean", "var", "std", "norm", "logsumexp"):
+        with pytest.raises(TypeError, match=rf"^{name}: the input has dtype int64; accepted: "
+                                            rf"floating or complex tensors"):
+            getattr(i, name)(0) if name == "logsumexp" else getattr(i, name)()
+    with pytest.raises(TypeError, match="mean: argument 'dtype' is int32"):
+        i.mean(dtype=ct.int32)
+    out = i.mean(dtype=ct.float32)                       # PyTorch's way to average integers
+    assert out.dtype == np.float32 and out.item() == 2.5
+    assert i.sum(dtype=ct.float64).dtype == np.float64 and i.sum(dtype=ct.float64).item() == 10
+    np.testing.assert_allclose(i.float().std().item(), np.std([1, 2, 3, 4], ddof=1), rtol=1e-6)
 
 
 def test_pytorch_short_dtype_names_are_dtypes(mesh):

@@ -189,3 +189,65 @@ def test_cumsum_along_a_split_dim(mesh):
     (c * _t(np.arange(7.0), mesh)).sum().backward()
     np.testing.assert_array_equal(x.grad.numpy(), np.cumsum(np.arange(7.0)[::-1])[::-1])
     assert x.grad.sbp == x.sbp
+
+
+# ============================================================================= issue 25:
+# elementwise, reductions, scans, shape and linear-algebra names, and PyTorch's behaviour
+# (values and gradients on every layout are the samples' job in tests/test_ops.py; here each
+# name is checked against torch itself when it is importable)
+import warnings  # noqa: E402
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def test_floating_point_exceptions_give_inf_and_nan_without_a_warning(mesh):
+    x = _t([0.0, -1.0, 4.0], mesh, (S(0),) * mesh.ndim)
+    big = ct.tensor(np.array([60000.0, 1.0], dtype=np.float16), placement=mesh)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                 # a RuntimeWarning would fail here
+        logs, roots = x.log().numpy(), x.sqrt().numpy()
+        squares = (big * big).numpy()
+        ratios = (x / 0.0).numpy()
+    assert logs[0] == -np.inf and np.isnan(logs[1]) and logs[2] == np.log(4.0)
+    assert np.isnan(roots[1]) and roots[2] == 2.0
+    assert squares[0] == np.inf and squares[1] == 1.0
+    assert np.isnan(ratios[0]) and ratios[1] == -np.inf and ratios[2] == np.inf
+    with warnings.catch_warnings():                  # NumPy itself is left as it was
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning):
+            np.log(np.zeros(1))
+
+
+def test_exp_backward_keeps_its_output_only(mesh):
+    a = np.array([0.5, -1.0, 2.0])
+    x = _t(a, mesh, grad=True)
+    y = x * 1.0
+    z = y.exp()
+    y.add_(1.0)                                      # exp reads its output, not y
+    z.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(a))
+    w = x * 1.0
+    v = w * w
+    w.add_(1.0)                                      # mul reads its operands: an error
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        v.sum().backward()
+
+
+def test_matmul_of_two_dtypes_raises_as_in_pytorch(mesh):
+    import ctensor.nn as nn
+    x32 = ct.ones(2, 3, placement=mesh)
+    w64 = ct.ones(3, 4, placement=mesh, dtype=ct.float64)
+    with pytest.raises(TypeError, match=r"^matmul: expected both operands to have the same "
+                                        r"dtype, got float32 and float64 .*cast one"):
+        x32 @ w64
+    with ct.debug.comm_log() as log:
+        with pytest.raises(TypeError, match="matmul: expected both operands"):
+            ct.linear(x32, w64.t())
+    assert log.collectives() == []
+    layer = nn.Linear(3, 2)                          # float32 parameters
+    with pytest.raises(TypeError, match="got float64 and float32"):
+        layer(ct.ones(4, 3, dtype=ct.float64))
+    assert layer(ct.ones(4, 3)).dtype == np.float32
+    assert (ct.ones(2, 3, dtype=ct.int64) @ ct.ones(3, 2, dtype=ct.int64)).dtype == np.int64

@@ -171,17 +171,22 @@ neg = _unary("neg", lambda xp, x: xp.negative(x), lambda ctx, g: (-g,), partial=
 abs = _unary("abs", lambda xp, x: xp.abs(x),  # noqa: A001
              lambda ctx, g: (g * OPS.sign(ctx.inputs[0]),))
 sign = _unary("sign", lambda xp, x: xp.sign(x), lambda ctx, g: (g * 0.0,))
+# exp, sqrt, rsqrt, tanh and sigmoid differentiate through their output alone: the input is
+# not kept, so changing it in place after use is no error (PyTorch's rule)
+_OUT = ("outputs",)
 exp = _unary("exp", lambda xp, x: xp.exp(x), lambda ctx, g: (g * ctx.outputs[0],),
-             kind="float")
+             kind="float", saves=_OUT)
 log = _unary("log", lambda xp, x: xp.log(x), lambda ctx, g: (g / ctx.inputs[0],), kind="float")
 sqrt = _unary("sqrt", lambda xp, x: xp.sqrt(x), lambda ctx, g: (g * 0.5 / ctx.outputs[0],),
-              kind="float")
+              kind="float", saves=_OUT)
 rsqrt = _unary("rsqrt", lambda xp, x: 1.0 / xp.sqrt(x),
-               lambda ctx, g: (g * -0.5 * ctx.outputs[0] ** 3,), kind="float")
+               lambda ctx, g: (g * -0.5 * ctx.outputs[0] ** 3,), kind="float", saves=_OUT)
 tanh = _unary("tanh", lambda xp, x: xp.tanh(x),
-              lambda ctx, g: (g * (1.0 - ctx.outputs[0] * ctx.outputs[0]),), kind="float")
+              lambda ctx, g: (g * (1.0 - ctx.outputs[0] * ctx.outputs[0]),), kind="float",
+              saves=_OUT)
 sigmoid = _unary("sigmoid", lambda xp, x: 0.5 * (xp.tanh(0.5 * x) + 1.0),
-                 lambda ctx, g: (g * ctx.outputs[0] * (1.0 - ctx.outputs[0]),), kind="float")
+                 lambda ctx, g: (g * ctx.outputs[0] * (1.0 - ctx.outputs[0]),), kind="float",
+                 saves=_OUT)
 relu = _unary("relu", lambda xp, x: xp.maximum(x, 0).astype(x.dtype, copy=False),
               lambda ctx, g: (OPS.where(ctx.inputs[0] > 0, g, 0.0),))
 square = _unary("square", lambda xp, x: x * x, lambda ctx, g: (2.0 * g * ctx.inputs[0],))
@@ -189,6 +194,113 @@ sin = _unary("sin", lambda xp, x: xp.sin(x), lambda ctx, g: (g * OPS.cos(ctx.inp
              kind="float")
 cos = _unary("cos", lambda xp, x: xp.cos(x), lambda ctx, g: (-g * OPS.sin(ctx.inputs[0]),),
              kind="float")
+
+
+_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
+erf = _unary("erf", _erf, lambda ctx, g: (g * _TWO_OVER_SQRT_PI *
+                                          OPS.exp(-ctx.inputs[0] * ctx.inputs[0]),),
+             kind="float", doc="The error function ``2/sqrt(pi) * integral_0^x exp(-t^2) dt``"
+                               " (``x.erf()`` or ``ct.erf(x)``).")
+isnan = _unary("isnan", lambda xp, x: xp.isnan(x), None, kind="bool")
+isinf = _unary("isinf", lambda xp, x: xp.isinf(x), None, kind="bool")
+isfinite = _unary("isfinite", lambda xp, x: xp.isfinite(x), None, kind="bool")
+
+
+# ----------------------------------------------------------------------------- rounding
+def _rounding(fn: str):
+    """The kernel of floor / ceil / trunc: integers come back as they are (a copy)."""
+    def kernel(xp, x):
+        return x.copy() if x.dtype.kind in "biu" else getattr(xp, fn)(x)
+    return kernel
+
+
+def _zero_grad(ctx, g):
+    """Piecewise-constant ops: the gradient is zero (PyTorch's rule for floor, round...)."""
+    return (OPS.zeros_like(g),)
+
+
+floor = _unary("floor", _rounding("floor"), _zero_grad, saves=(),
+               doc="The largest integer <= ``x``, elementwise; integer tensors unchanged "
+                   "(``x.floor()``). The gradient is zero.")
+ceil = _unary("ceil", _rounding("ceil"), _zero_grad, saves=(),
+              doc="The smallest integer >= ``x``, elementwise (``x.ceil()``); zero gradient.")
+trunc = _unary("trunc", _rounding("trunc"), _zero_grad, saves=(),
+               doc="``x`` rounded towards zero, elementwise (``x.trunc()``); zero gradient.")
+
+
+def _round_kernel(xp, x, decimals):
+    if x.dtype.kind in "biu":
+        return x.copy() if decimals >= 0 else \
+            (xp.round(x.astype(np.float64), decimals)).astype(x.dtype)
+    return xp.round(x, decimals)
+
+
+@defop(kernel=_round_kernel, meta=lambda layouts, decimals: [(layouts[0].shape,
+                                                              layouts[0].dtype)],
+       signatures=lambda layouts, decimals: elementwise_signatures(layouts, layouts[0].shape),
+       backward=_zero_grad, saves=(), method=True)
+def round(op, x, decimals: int = 0):  # noqa: A001 - PyTorch's name
+    """``x`` rounded to ``decimals`` decimal places, halves to even (PyTorch's and NumPy's
+    rule: ``round(2.5) == 2``, ``round(-0.5) == -0``); a negative ``decimals`` rounds to
+    tens, hundreds, ... The gradient is zero.
+
+    >>> x.round(); ct.round(x, decimals=2)
+    """
+    (x,) = as_tensor([x], "round")
+    if isinstance(decimals, bool) or not isinstance(decimals, (int, np.integer)):
+        raise TypeError(f"round: argument 'decimals' must be an int, got {decimals!r}")
+    return op(x, decimals=int(decimals))
+
+
+def _nan_to_num_kernel(xp, x, nan, posinf, neginf):
+    if x.dtype.kind not in "fc":
+        return x.copy()
+    return xp.nan_to_num(x, nan=nan, posinf=posinf, neginf=neginf)
+
+
+@defop(kernel=_nan_to_num_kernel, meta=lambda layouts, **_: [(layouts[0].shape,
+                                                              layouts[0].dtype)],
+       signatures=lambda layouts, **_: elementwise_signatures(layouts, layouts[0].shape),
+       backward=lambda ctx, g: (OPS.where(isfinite(ctx.inputs[0]), g, 0.0),), method=True)
+def nan_to_num(op, x, nan: float = 0.0, posinf: float = None, neginf: float = None):
+    """``x`` with NaN replaced by ``nan``, +inf by ``posinf`` and -inf by ``neginf`` (by
+    default the dtype's largest and smallest finite values, as PyTorch). The gradient
+    passes where ``x`` is finite and is zero elsewhere.
+
+    >>> ct.nan_to_num(x, nan=0.0, posinf=1e4)
+    """
+    (x,) = as_tensor([x], "nan_to_num")
+    for arg, v in (("nan", nan), ("posinf", posinf), ("neginf", neginf)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float,
+                                                                        np.number))):
+            raise TypeError(f"nan_to_num: argument '{arg}' must be a number or None, got "
+                            f"{v!r}")
+    return op(x, nan=float(nan), posinf=None if posinf is None else float(posinf),
+              neginf=None if neginf is None else float(neginf))
+
+
+# ----------------------------------------------------------------------------- division
+def _quotient_bw(rounding: str):
+    """Backward of remainder (``a - floor(a/b) b``) and fmod (``a - trunc(a/b) b``):
+    ``d/da = 1``, ``d/db = -rounded(a/b)`` (PyTorch's rule, zero-measure jumps aside)."""
+    def backward(ctx, g):
+        a, b = ctx.inputs
+        gb = None
+        if ctx.needs_grad(1):
+            gb = sum_to(-g * getattr(OPS, rounding)(a / b), b.shape)
+        return sum_to(g, a.shape), gb
+    return backward
+
+
+remainder = _binary("remainder", lambda xp, a, b: xp.remainder(a, b), _quotient_bw("floor"),
+                    doc="``a - floor(a / b) * b`` elementwise, the sign of ``b`` (Python's "
+                        "``%``, ``a % b``, PyTorch's ``remainder``); broadcasting.")
+fmod = _binary("fmod", lambda xp, a, b: xp.fmod(a, b), _quotient_bw("trunc"),
+               doc="``a - trunc(a / b) * b`` elementwise, the sign of ``a`` (C's ``fmod``, "
+                   "PyTorch's ``fmod``); broadcasting.")
+floor_divide = _binary("floor_divide", lambda xp, a, b: xp.floor_divide(a, b), None,
+                       doc="``floor(a / b)`` elementwise (``a // b``; PyTorch rounds down "
+                           "since 1.13); broadcasting. Not differentiable, as in PyTorch.")
 
 
 # ----------------------------------------------------------------------------- gelu
@@ -309,8 +421,12 @@ def _where_kernel(xp, c, x, y):
 
 @defop(kernel=_where_kernel, meta=_where_meta, saves=(0,),
        signatures=_where_signatures, backward=_where_bw)
-def where(op, condition, x, y):
-    """``x`` where ``condition`` holds, else ``y`` (broadcasting; scalars allowed)."""
+def where(op, condition, x=None, y=None):
+    """``x`` where ``condition`` holds, else ``y`` (broadcasting; scalars allowed); with
+    ``condition`` alone, ``nonzero(condition, as_tuple=True)`` (PyTorch's one-argument form).
+    """
+    if x is None and y is None:
+        return OPS.nonzero(condition, as_tuple=True)
     return op(condition, x, y)
 
 
@@ -339,3 +455,12 @@ def clamp(x, min=None, max=None):  # noqa: A002
     if max is not None:
         x = minimum(x, max)
     return x
+
+
+@defop(method=True)
+def clip(x, min=None, max=None):  # noqa: A002
+    """The same as :func:`clamp` (PyTorch's and NumPy's other name).
+
+    >>> x.clip(-1.0, 1.0)
+    """
+    return clamp(x, min, max)

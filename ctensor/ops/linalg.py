@@ -33,7 +33,7 @@ import numpy as np
 
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, broadcast_shapes, defop, result_dtype, sig, widen
+from ._rules import B, P, S, broadcast_shapes, defop, sig, widen
 from .elementwise import sum_to
 from .reduction import unreduce
 
@@ -82,8 +82,13 @@ def _meta(layouts, transpose_a: bool = False, transpose_b: bool = False):
         if l.dtype.kind not in "iufc":
             raise TypeError(f"matmul: argument '{name}' has dtype {l.dtype}; accepted: "
                             f"integer, floating or complex tensors")
+    if a.dtype != b.dtype:  # PyTorch's rule: no promotion inside a product
+        raise TypeError(f"matmul: expected both operands to have the same dtype, got "
+                        f"{a.dtype} and {b.dtype} (PyTorch raises here too: a float32 layer "
+                        f"fed float64 is a mistake, not a promotion); cast one, e.g. "
+                        f"x.to(weight.dtype) or x.type_as(weight)")
     *_, shape = _labels(a.shape, b.shape, transpose_a, transpose_b)
-    return [(shape, result_dtype("matmul", [a.dtype, b.dtype]))]
+    return [(shape, a.dtype)]
 
 
 def _signatures(layouts, transpose_a: bool = False, transpose_b: bool = False):

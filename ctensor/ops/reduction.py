@@ -19,13 +19,14 @@ argmax and argmin of an empty selection raise ``ValueError`` before any communic
 """
 from __future__ import annotations
 
+import builtins
 import math
 from typing import Optional
 
 import numpy as np
 
 from ..registry import OPS
-from ..dtypes import reduction_dtype
+from ..dtypes import reduction_dtype, to_dtype
 from ..sbp import ReduceOp
 from ..tensor import Tensor
 from ._rules import B, P, PMAX, PMIN, S, ValuesIndices, defop, norm_dim, reduced, sig
@@ -125,6 +126,14 @@ def _check(opname, x):
         raise TypeError(f"{opname}: expected a ct.Tensor, got {type(x).__name__}")
 
 
+def _floating_only(opname: str, x, fix: str = "") -> None:
+    """``TypeError`` for a bool or integer input of a statistic (mean, var, std, norm,
+    logsumexp... PyTorch raises there too: the result is not of the input's kind)."""
+    if x.dtype.kind not in "fc":
+        raise TypeError(f"{opname}: the input has dtype {x.dtype}; accepted: floating or "
+                        f"complex tensors (as in PyTorch); convert it with .float(){fix}")
+
+
 # ----------------------------------------------------------------------------- sum / mean
 @defop("sum", kernel=lambda xp, x, dims, keepdim: x.sum(axis=dims, keepdims=keepdim,
                                                         dtype=_acc_dtype(x.dtype)),
@@ -132,13 +141,16 @@ def _check(opname, x):
        backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
                                          ctx.inputs[0].shape),),
        method=True)
-def sum_(op, x, dim=None, keepdim: bool = False):
+def sum_(op, x, dim=None, keepdim: bool = False, *, dtype=None):
     """Sum over ``dim`` (an int, a tuple, or None for all dims); bool and integer tensors
-    sum in int64 (PyTorch's promotion: no wrap-around).
+    sum in int64 (PyTorch's promotion: no wrap-around). ``dtype=``: the input is cast to it
+    first and summed in it (PyTorch's rule: ``x.sum(dtype=ct.float64)``).
 
     >>> x.sum(); x.sum(0); ct.sum(x, (0, 2), keepdim=True)
     """
     _check("sum", x)
+    if dtype is not None:
+        x = OPS.to(x, to_dtype("sum", "dtype", dtype))
     return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
 
 
@@ -158,13 +170,21 @@ def _mean_kernel(xp, x, dims, keepdim, count):
        backward=lambda ctx, g: (unreduce(g / max(ctx.attrs["count"], 1), ctx.attrs["dims"],
                                          ctx.attrs["keepdim"], ctx.inputs[0].shape),),
        method=True)
-def mean(op, x, dim=None, keepdim: bool = False):
-    """Mean over ``dim`` (an int, a tuple, or None for all dims). Bool and integer tensors
-    give the default float dtype (PyTorch raises there); an empty selection gives nan.
+def mean(op, x, dim=None, keepdim: bool = False, *, dtype=None):
+    """Mean over ``dim`` (an int, a tuple, or None for all dims); an empty selection gives
+    nan. Bool and integer tensors raise ``TypeError`` unless ``dtype=`` names a floating
+    dtype to compute in (PyTorch's rule: ``x.mean(dtype=ct.float32)``).
 
-    >>> x.mean(); x.mean(-1, keepdim=True)
+    >>> x.mean(); x.mean(-1, keepdim=True); counts.mean(dtype=ct.float64)
     """
     _check("mean", x)
+    if dtype is not None:
+        dtype = to_dtype("mean", "dtype", dtype)
+        if dtype.kind not in "fc":
+            raise TypeError(f"mean: argument 'dtype' is {dtype}; accepted: a floating or "
+                            f"complex dtype (a mean is not an integer)")
+        x = OPS.to(x, dtype)
+    _floating_only("mean", x, "; pass dtype=ct.float32 to average it as floats")
     dims = _dims("mean", dim, x.ndim)
     count = int(np.prod([x.shape[d] for d in dims], dtype=np.int64))
     return op(x, dims=dims, keepdim=bool(keepdim), count=count)
@@ -261,7 +281,15 @@ def argmin(op, x, dim: Optional[int] = None, keepdim: bool = False):
 
 
 def _max_or_min(name, extreme, arg):
-    def front(x, dim=None, keepdim: bool = False):
+    elementwise = {"max": "maximum", "min": "minimum"}[name]
+
+    def front(x, dim=None, keepdim: bool = False, *, other=None):
+        if isinstance(dim, Tensor) or other is not None:  # ct.max(a, b): elementwise
+            if other is None:
+                other, dim = dim, None
+            if dim is not None:
+                raise TypeError(f"{name}: give either 'dim' or a tensor 'other', not both")
+            return getattr(OPS, elementwise)(x, other)
         if dim is None:
             _check(name, x)
             _check_nonempty(name, x, tuple(range(x.ndim)))
@@ -278,13 +306,84 @@ def _max_or_min(name, extreme, arg):
     front.__doc__ = (f"``x.{name}()`` is the {name} of all elements (ties share the "
                      f"gradient, like amax); ``x.{name}(dim, keepdim=False)`` returns "
                      f"``(values, indices)`` like PyTorch, the values gathered at the "
-                     f"returned indices (so the gradient goes to that index only).\n\n"
-                     f"    >>> values, indices = x.{name}(1)")
+                     f"returned indices (so the gradient goes to that index only); "
+                     f"``ct.{name}(a, b)`` (a tensor second) is ``ct.{elementwise}(a, b)``, "
+                     f"elementwise with broadcasting.\n\n"
+                     f"    >>> values, indices = x.{name}(1); ct.{name}(a, b)")
     return defop(name, method=True)(front)
 
 
 max_ = _max_or_min("max", amax, argmax)
 min_ = _max_or_min("min", amin, argmin)
+
+
+# ----------------------------------------------------------------------------- any / all
+def _logical_signatures(partial):
+    """any (P(max)) / all (P(min)) over dims D: S(d in D) -> the partial (OR / AND of the
+    local results); a partial input keeps its kind only when it is bool (the max of bools
+    is their OR; a max of numbers says nothing about which of them are non-zero)."""
+    reduce_rules = _reduce_signatures(partial, None)
+
+    def signatures(layouts, dims, keepdim):
+        cands = reduce_rules(layouts, dims, keepdim)
+        if layouts[0].dtype == np.dtype(bool):
+            cands.append(sig([partial], partial))
+        return cands
+    return signatures
+
+
+def _logical_front(opname: str, op, x, dim, keepdim):
+    _check(opname, x)
+    return op(x, dims=_dims(opname, dim, x.ndim), keepdim=bool(keepdim))
+
+
+def _logical_meta(layouts, dims, keepdim):
+    return [(_out_shape(layouts[0].shape, dims, keepdim), np.dtype(bool))]
+
+
+@defop(kernel=lambda xp, x, dims, keepdim: xp.any(x, axis=dims, keepdims=keepdim),
+       meta=_logical_meta, signatures=_logical_signatures(PMAX), method=True)
+def any(op, x, dim=None, keepdim: bool = False):  # noqa: A001 - PyTorch's name
+    """Whether any element over ``dim`` (int, tuple or None for all) is non-zero (True for
+    bool tensors); a bool tensor. Over an empty selection: False. A split along a reduced
+    dim gives a P(max) result (the OR across ranks), reduced when it is read.
+
+    >>> mask.any(); (x > 0).any(1, keepdim=True)
+    """
+    return _logical_front("any", op, x, dim, keepdim)
+
+
+@defop(kernel=lambda xp, x, dims, keepdim: xp.all(x, axis=dims, keepdims=keepdim),
+       meta=_logical_meta, signatures=_logical_signatures(PMIN), method=True)
+def all(op, x, dim=None, keepdim: bool = False):  # noqa: A001 - PyTorch's name
+    """Whether every element over ``dim`` (int, tuple or None for all) is non-zero; a bool
+    tensor. Over an empty selection: True. A split along a reduced dim gives P(min) (the AND
+    across ranks).
+
+    >>> (x == y).all(); mask.all(dim=0)
+    """
+    return _logical_front("all", op, x, dim, keepdim)
+
+
+# ----------------------------------------------------------------------------- logsumexp
+@defop(method=True)
+def logsumexp(x, dim, keepdim: bool = False):
+    """``log(sum(exp(x), dim))``, numerically stable (the max over ``dim`` is taken out,
+    as PyTorch; rows of -inf give -inf). Written with amax and sum: a split along ``dim``
+    moves one max and one sum per row across ranks (like softmax), never the tensor; the
+    gradient is the softmax over ``dim``.
+
+    >>> ct.logsumexp(logits, dim=-1); x.logsumexp((0, 1), keepdim=True)
+    """
+    x = _float_input("logsumexp", x)
+    dims = _dims("logsumexp", dim, x.ndim)
+    if builtins.any(x.shape[d] == 0 for d in dims):  # log(0): -inf, as PyTorch
+        return OPS.log(sum_(OPS.exp(x), dims, keepdim=bool(keepdim)))
+    peak = reduced(amax(x, dims, keepdim=True)).detach()
+    # an infinite max (a row of -inf, or a +inf) is not taken out: exp(x - inf) is nan
+    peak = OPS.where(OPS.isinf(peak), 0.0, peak)
+    out = OPS.log(reduced(sum_(OPS.exp(x - peak), dims, keepdim=True))) + peak
+    return out if keepdim else OPS.squeeze(out, dims)
 
 
 # ----------------------------------------------------------------------------- prod
@@ -351,11 +450,12 @@ prod.op.grad_kernel(
 
 # ----------------------------------------------------------------------------- var / std / norm
 def _float_input(opname: str, x):
-    """``x`` cast to the dtype ``opname`` computes in (the default float for integers)."""
+    """``x`` itself, checked to be a real floating tensor (``TypeError`` otherwise)."""
     _check(opname, x)
     if x.dtype.kind == "c":
         raise TypeError(f"{opname}: complex tensors are not supported, got {x.dtype}")
-    return OPS.to(x, reduction_dtype(opname, x.dtype))
+    _floating_only(opname, x)
+    return x
 
 
 def _variance(opname: str, x, dim, correction, keepdim, unbiased):
@@ -382,7 +482,7 @@ def var(x, dim=None, *, correction=1, keepdim: bool = False,
     """Variance over ``dim`` (int, tuple or None for all), ``sum((x - mean)^2) / (N -
     correction)``; ``correction=1`` (the default) is PyTorch's unbiased estimate, 0 the
     population variance (``unbiased=False``, PyTorch's older spelling, is correction 0).
-    Integer tensors give the default float dtype.
+    Bool and integer tensors raise ``TypeError`` (as in PyTorch).
 
     Written with mean and sum: a split along a reduced dim moves only row statistics (one
     all-reduce for the mean, a partial sum for the squares), never the tensor.

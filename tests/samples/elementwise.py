@@ -36,6 +36,26 @@ def _distinct(rng, shape, i):
     return rng.permutation(int(np.prod(shape))).reshape(shape) / 3.0 + i * 0.1
 
 
+def _specials(rng, shape, i):
+    """Normals with a NaN, a +inf and a -inf in them (where the shape has room)."""
+    x = rng.standard_normal(shape)
+    flat = x.reshape(-1)
+    for j, v in zip(range(0, flat.size, 3), (np.nan, np.inf, -np.inf)):
+        flat[j] = v
+    return x
+
+
+def _quotients(rng, shape, i):
+    """A dividend of both signs and a divisor of both signs away from zero."""
+    if i == 0:
+        return rng.uniform(-4.0, 4.0, shape)
+    return rng.uniform(0.7, 1.6, shape) * rng.choice([-1.0, 1.0], shape)
+
+
+def _erf_ref(x):
+    return _verf(x)
+
+
 SAMPLES = [
     Sample("add", lambda a, b: a + b, np.add, [(4, 3), (4, 3)], grad=(0, 1)),
     Sample("add", lambda a, b: a + b, np.add, [(4, 3), (3,)], grad=(0, 1), name="add_bcast"),
@@ -88,6 +108,42 @@ SAMPLES = [
            make=lambda r, s, i: r.standard_normal(s) if i == 0 else r.standard_normal(s) > 0),
     Sample("clamp", lambda a: a.clamp(-0.5, 0.5), lambda a: np.clip(a, -0.5, 0.5), [(4, 3)],
            make=_distinct),
+    Sample("clip", lambda a: a.clip(max=0.5), lambda a: np.minimum(a, 0.5), [(4, 3)],
+           make=_distinct),
+    # erf, rounding, non-finite values, division
+    Sample("erf", lambda a: a.erf(), _erf_ref, [(4, 3)]),
+    Sample("floor", lambda a: a.floor(), np.floor, [(4, 3)]),
+    Sample("ceil", ct.ceil, np.ceil, [(4, 3)]),
+    Sample("trunc", lambda a: a.trunc(), np.trunc, [(4, 3)]),
+    Sample("floor", lambda a: a.floor(), lambda a: a, [(4, 3)],
+           make=lambda r, s, i: r.integers(-5, 5, s), grad=(), name="floor_int"),
+    Sample("round", lambda a: a.round(), np.round, [(4, 3)],
+           make=lambda r, s, i: r.integers(-8, 8, s) / 2.0, grad=(), name="round_halves"),
+    Sample("round", lambda a: ct.round(a * 10.0, decimals=-1), lambda a: np.round(a * 10.0, -1),
+           [(4, 3)]),
+    Sample("round", lambda a: a.round(decimals=2), lambda a: np.round(a, 2), [(4, 3)],
+           name="round_decimals"),
+    Sample("isnan", lambda a: a.isnan(), np.isnan, [(4, 3)], make=_specials, grad=(),
+           kinds=("S", "B")),
+    Sample("isinf", ct.isinf, np.isinf, [(4, 3)], make=_specials, grad=(), kinds=("S", "B")),
+    Sample("isfinite", lambda a: a.isfinite(), np.isfinite, [(4, 3)], make=_specials,
+           grad=(), kinds=("S", "B")),
+    Sample("nan_to_num", lambda a: a.nan_to_num(posinf=9.0), lambda a: np.nan_to_num(
+           a, posinf=9.0), [(4, 3)], make=_specials, grad=(), kinds=("S", "B")),
+    Sample("nan_to_num", lambda a: ct.nan_to_num(a, nan=1.0, neginf=-2.0),
+           lambda a: np.nan_to_num(a, nan=1.0, neginf=-2.0), [(4, 3)], name="nan_to_num_grad"),
+    Sample("remainder", lambda a, b: a % b, np.remainder, [(4, 3), (4, 3)], make=_quotients,
+           grad=(0, 1)),
+    Sample("remainder", lambda a: 2.5 % a, lambda a: np.remainder(2.5, a), [(4, 3)],
+           make=lambda r, s, i: _quotients(r, s, 1), name="rmod_scalar"),
+    Sample("remainder", lambda a: a % 3, lambda a: a % 3, [(4, 3)],
+           make=lambda r, s, i: r.integers(-9, 9, s), grad=(), name="remainder_int"),
+    Sample("fmod", ct.fmod, np.fmod, [(4, 3), (3,)], make=_quotients, grad=(0, 1)),
+    Sample("floor_divide", lambda a, b: a // b, np.floor_divide, [(4, 3), (4, 3)],
+           make=_quotients, grad=()),
+    Sample("floor_divide", lambda a: 7 // a, lambda a: 7 // a, [(4, 3)],
+           make=lambda r, s, i: r.integers(1, 4, s) * r.choice([-1, 1], s), grad=(),
+           name="floor_divide_int"),
 ]
 
 COVERED_ELSEWHERE = {

@@ -38,6 +38,20 @@ def _prod_grad_inputs(rng, shape, i):
     return rng.standard_normal(shape) if i == 0 else _with_zeros(rng, shape, i)
 
 
+def _logsumexp(a, axis, keepdims=False):
+    peak = np.max(a, axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(a - peak), axis=axis, keepdims=True)) + peak
+    return out if keepdims else np.squeeze(out, axis)
+
+
+def _no_ties(rng, shape, i):
+    return _distinct(rng, shape, i) + 0.05 * i
+
+
+def _mostly_true(rng, shape, i):
+    return rng.uniform(0, 1, shape) > 0.15
+
+
 SAMPLES = [
     Sample("sum", lambda a: a.sum(), np.sum, [(4, 3)]),
     Sample("sum", lambda a: a.sum(0), lambda a: a.sum(0), [(4, 3)], name="sum_dim0"),
@@ -47,6 +61,32 @@ SAMPLES = [
            name="sum_dims"),
     Sample("mean", lambda a: a.mean(), np.mean, [(4, 3)]),
     Sample("mean", lambda a: a.mean(1), lambda a: a.mean(1), [(4, 3)], name="mean_dim1"),
+    Sample("sum", lambda a: a.sum(1, dtype=ct.float64), lambda a: a.sum(1, dtype=np.float64),
+           [(4, 3)], make=lambda r, s, i: r.integers(-5, 5, s).astype(np.int32), grad=(),
+           name="sum_dtype"),
+    Sample("mean", lambda a: a.mean(0, dtype=ct.float64), lambda a: a.mean(0), [(4, 3)],
+           make=lambda r, s, i: r.integers(-5, 5, s), grad=(), name="mean_int_dtype"),
+    # any / all: OR / AND across ranks (P(max) / P(min)) over a split reduced dim
+    Sample("any", lambda a: a.any(), np.any, [(4, 3)], make=_mostly_true, grad=(),
+           kinds=("S", "B")),
+    Sample("any", lambda a: (a > 1.2).any(1), lambda a: (a > 1.2).any(1), [(4, 3)], grad=(),
+           name="any_dim_float"),
+    Sample("any", lambda a: ct.any(a, 0, keepdim=True), lambda a: (a != 0).any(0, keepdims=True),
+           [(4, 3)], make=lambda r, s, i: r.integers(0, 2, s) * (r.uniform(0, 1, s) > 0.7),
+           grad=(), name="any_int_keepdim"),
+    Sample("all", lambda a: a.all(0), lambda a: a.all(0), [(4, 3)], make=_mostly_true,
+           grad=(), kinds=("S", "B")),
+    Sample("all", lambda a: (a < 1.5).all(dim=(0, 1)), lambda a: (a < 1.5).all((0, 1)),
+           [(4, 3, 2)], grad=(), name="all_dims_float"),
+    # logsumexp: max and sum across ranks, like softmax
+    Sample("logsumexp", lambda a: a.logsumexp(1), lambda a: _logsumexp(a, 1), [(4, 3)]),
+    Sample("logsumexp", lambda a: ct.logsumexp(a * 30.0, (0, 1), keepdim=True),
+           lambda a: _logsumexp(a * 30.0, (0, 1), keepdims=True), [(4, 3, 2)],
+           name="logsumexp_dims_large"),
+    Sample("max", lambda a, b: ct.max(a, b), np.maximum, [(4, 3), (3,)], make=_no_ties,
+           grad=(0, 1), name="max_elementwise"),
+    Sample("min", lambda a, b: a.min(b), np.minimum, [(4, 3), (4, 3)], make=_no_ties,
+           grad=(0, 1), name="min_elementwise"),
     Sample("amax", lambda a: ct.amax(a, 0), lambda a: a.max(0), [(4, 3)], make=_distinct),
     Sample("amin", lambda a: ct.amin(a, 1, keepdim=True), lambda a: a.min(1, keepdims=True),
            [(4, 3)], make=_distinct),
