@@ -18,7 +18,8 @@ from .runtime import (simulate, launched_by_mpi, rank, world_size, set_default_d
                       get_default_dtype, set_default_device)
 from .tensor import Tensor, is_tensor, numel, is_floating_point
 from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like, ones_like,
-                       full_like, empty)
+                       full_like, empty, empty_like, eye, linspace, logspace, from_numpy,
+                       as_tensor)
 from .random import (manual_seed, seed, initial_seed, Generator, default_generator, rand, randn,
                      randint, rand_like, randn_like, randperm)
 from . import ops as _ops  # noqa: F401  (declares every op)

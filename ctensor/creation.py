@@ -1,5 +1,5 @@
-"""Constructors: ``tensor``, ``from_local``, ``zeros``, ``ones``, ``full``, ``arange`` and the
-``*_like`` forms.
+"""Constructors: ``tensor``, ``from_local``, ``zeros``, ``ones``, ``full``, ``arange``, ``eye``,
+``linspace``, ``logspace``, ``from_numpy``, ``as_tensor`` and the ``*_like`` forms.
 
 Every constructor builds only the shards this process holds, straight from the logical
 description; the only one that communicates is :func:`from_local`, which checks the shards
@@ -12,7 +12,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import debug
+from . import datacheck, debug
 from .layout import Layout
 from .meta import MetaBuffer
 from .placement import Placement
@@ -24,7 +24,8 @@ from .sbp import Broadcast, Partial, format_sbp, local_shape, normalize_sbp, wit
 from .tensor import Tensor
 
 __all__ = ["tensor", "from_local", "zeros", "ones", "full", "arange", "zeros_like",
-           "ones_like", "full_like", "empty"]
+           "ones_like", "full_like", "empty", "empty_like", "eye", "linspace", "logspace",
+           "from_numpy", "as_tensor"]
 
 
 def resolve(fn: str, shape, placement, sbp, dtype) -> Layout:
@@ -156,9 +157,13 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
     except (ValueError, TypeError) as exc:  # this rank's 'local' alone may be bad: report it
         arrays, problem = {}, exc            # in the gather below, so no rank is left waiting
     # every rank of the world learns every shard's shape and dtype, so all of them (those
-    # outside the placement too) build the same layout and raise the same errors
+    # outside the placement too) build the same layout and raise the same errors; along a
+    # broadcast mesh axis also its digest, checked once the layout is known
+    digest = datacheck.enabled() and _may_broadcast(sbp)
     meta = {r: (f"{type(problem).__name__}: {problem}" if problem is not None else
-                (tuple(arrays[r].shape), str(arrays[r].dtype)) if r in arrays else None)
+                (tuple(arrays[r].shape), str(arrays[r].dtype),
+                 datacheck.shard_digest(arrays[r]) if digest else None)
+                if r in arrays else None)
             for r in w.held_ranks}
     world_ranks = tuple(range(w.size))
     listing = w.exchange(meta)
@@ -169,7 +174,23 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
         raise ValueError(f"{fn}: ranks {sorted(failed)} passed an invalid argument 'local' "
                          f"({next(iter(failed.values()))}); every rank must pass its shard")
     everyone = {r: m for r, m in zip(world_ranks, listing) if r in placement}
-    return _assemble(fn, arrays, everyone, placement, sbp, shape)
+    x = _assemble(fn, arrays, {r: m[:2] for r, m in everyone.items()}, placement, sbp, shape)
+    if digest:
+        digests = {r: m[2] for r, m in everyone.items()}
+        problems = datacheck.broadcast_differences(placement, x.sbp, digests)
+        if problems:
+            raise ValueError(f"{fn}: the shards passed as argument 'local' differ where the "
+                             f"SBP says they are equal: "
+                             f"{datacheck._describe('the tensor', placement, x.sbp, problems, digests)}"
+                             f". {datacheck.FIX}")
+    return x
+
+
+def _may_broadcast(sbp) -> bool:
+    """Whether ``sbp`` (as passed to :func:`from_local`, not yet checked) has a broadcast
+    entry, so the shards' digests are worth computing."""
+    entries = sbp if isinstance(sbp, (tuple, list)) else (sbp,)
+    return any(isinstance(s, Broadcast) for s in entries)
 
 
 def _from_local_meta(fn, local, placement, sbp, shape) -> Tensor:
@@ -344,6 +365,135 @@ def ones_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=Fal
 def full_like(x: Tensor, fill_value, dtype=None, placement=None, sbp=None,
               requires_grad=False) -> Tensor:
     return _like("full_like", x, fill_value, dtype, placement, sbp, requires_grad)
+
+
+def empty_like(x: Tensor, dtype=None, placement=None, sbp=None, requires_grad=False) -> Tensor:
+    """A tensor with ``x``'s shape, dtype, placement and (non-partial) SBP, its values
+    unspecified (ctensor fills it with zeros: shards are always initialised)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"empty_like: argument 'input' must be a ct.Tensor, got "
+                        f"{type(x).__name__}")
+    return _like("empty_like", x, 0, dtype, placement, sbp, requires_grad)
+
+
+def eye(n: int, m: Optional[int] = None, *, placement=None, sbp=None, dtype=None,
+        requires_grad: bool = False) -> Tensor:
+    """The ``n x m`` (default ``n x n``) matrix with ones on the diagonal; each rank builds
+    only its shard.
+
+    >>> i = ct.eye(4, sbp=ct.sbp.split(0))
+    """
+    sizes = []
+    for name, v in (("n", n), ("m", n if m is None else m)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+            raise ValueError(f"eye: argument {name!r} must be an int >= 0, got {v!r}")
+        sizes.append(int(v))
+    layout = resolve("eye", tuple(sizes), placement, sbp, dtype)
+    _check_grad("eye", layout.dtype, requires_grad)
+
+    def fill(xp, region, dt):
+        (r0, r1), (c0, c1) = region
+        return (xp.arange(r0, r1)[:, None] == xp.arange(c0, c1)[None, :]).astype(dt)
+    return generate(layout, fill, requires_grad)
+
+
+def _real(fn: str, name: str, v) -> float:
+    if isinstance(v, Tensor):
+        if v.numel() != 1:
+            raise ValueError(f"{fn}: argument {name!r} must be a number or a one-element "
+                             f"tensor, got shape {tuple(v.shape)}")
+        v = v.item()
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                              np.floating)):
+        raise TypeError(f"{fn}: argument {name!r} must be a real number, got {v!r} "
+                        f"({type(v).__name__})")
+    return v
+
+
+def _steps(fn: str, steps) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+        raise ValueError(f"{fn}: argument 'steps' must be an int >= 0, got {steps!r}")
+    return int(steps)
+
+
+def linspace(start, end, steps: int, *, placement=None, sbp=None, dtype=None,
+             requires_grad: bool = False) -> Tensor:
+    """``steps`` evenly spaced values from ``start`` to ``end`` inclusive (PyTorch's formula:
+    ``start + i * step`` for the first half, ``end - (steps - 1 - i) * step`` for the rest,
+    ``step = (end - start) / (steps - 1)``, in the dtype for floating dtypes and in float64
+    for integer ones; the default float dtype unless ``dtype``).
+
+    >>> ct.linspace(0, 1, 5)          # 0, 0.25, 0.5, 0.75, 1
+    """
+    start, end = _real("linspace", "start", start), _real("linspace", "end", end)
+    steps = _steps("linspace", steps)
+    layout = resolve("linspace", (steps,), placement, sbp, dtype)
+    _check_grad("linspace", layout.dtype, requires_grad)
+    dt = layout.dtype
+    work = dt if dt.kind in "fc" else np.dtype(np.float64)
+    lo, hi = np.array(start).astype(dt).astype(work), np.array(end).astype(dt).astype(work)
+    step = (hi - lo) / work.type(max(steps - 1, 1))
+    half = max(steps // 2, 1)  # one step: [start], as PyTorch
+
+    def fill(xp, region, dt):
+        i = xp.arange(region[0][0], region[0][1])
+        first = lo + step * i.astype(work)
+        second = hi - step * (steps - 1 - i).astype(work)
+        return xp.where(i < half, first, second).astype(dt)
+    return generate(layout, fill, requires_grad)
+
+
+def logspace(start, end, steps: int, base: float = 10.0, *, placement=None, sbp=None,
+             dtype=None, requires_grad: bool = False) -> Tensor:
+    """``base ** e`` for ``steps`` exponents ``e`` evenly spaced from ``start`` to ``end``
+    (PyTorch's formula: exponents in float64 as in :func:`linspace`, the power in float64,
+    then cast).
+
+    >>> ct.logspace(-3, 0, 4)          # 0.001, 0.01, 0.1, 1
+    """
+    start, end = _real("logspace", "start", start), _real("logspace", "end", end)
+    base = float(_real("logspace", "base", base))
+    steps = _steps("logspace", steps)
+    layout = resolve("logspace", (steps,), placement, sbp, dtype)
+    _check_grad("logspace", layout.dtype, requires_grad)
+    dt = layout.dtype
+    lo, hi = np.array(start).astype(dt), np.array(end).astype(dt)
+    step = float(hi - lo) / max(steps - 1, 1)
+    lo, hi = float(lo), float(hi)
+    half = max(steps // 2, 1)  # one step: [base ** start], as PyTorch
+
+    def fill(xp, region, dt):
+        i = xp.arange(region[0][0], region[0][1])
+        e = xp.where(i < half, lo + step * i, hi - step * (steps - 1 - i))
+        return xp.power(base, e).astype(dt)
+    return generate(layout, fill, requires_grad)
+
+
+def from_numpy(ndarray: np.ndarray, placement: Optional[Placement] = None, sbp=None) -> Tensor:
+    """A global tensor of the NumPy array's value and dtype (the same array on every rank).
+    Unlike PyTorch's, it copies: each rank keeps its shard, and writes to the array later
+    do not show in the tensor.
+
+    >>> x = ct.from_numpy(np.arange(6.0).reshape(2, 3))        # float64
+    """
+    if not isinstance(ndarray, np.ndarray):
+        raise TypeError(f"from_numpy: expected np.ndarray (got {type(ndarray).__name__}); "
+                        f"use ct.tensor(data) for lists and numbers")
+    return tensor(ndarray, placement=placement, sbp=sbp)
+
+
+def as_tensor(data, dtype=None, placement: Optional[Placement] = None, sbp=None) -> Tensor:
+    """``data`` as a ct.Tensor: a ct.Tensor itself (cast to ``dtype``, moved to
+    ``placement``/``sbp`` when they are given and differ), anything else as
+    :func:`tensor` makes it (a copy: a rank's shard is its own).
+
+    >>> x = ct.as_tensor([1, 2, 3], dtype=ct.float32)
+    """
+    if isinstance(data, Tensor):
+        if placement is not None or sbp is not None:
+            data = data.to_global(placement, sbp)
+        return data if dtype is None else data.to(dtype)
+    return tensor(data, placement=placement, sbp=sbp, dtype=dtype)
 
 
 # constructors the Tensor type and autograd call through the op registry

@@ -285,3 +285,103 @@ def test_register_hook_matches_torch_and_checks():
     with pytest.raises(ValueError, match=r"returned a gradient of shape \(3,\) for a gradient "
                                          r"of shape \(2,\)"):
         (y * 2).sum().backward()
+
+
+# ----------------------------------------------------------------------------- creation
+def _layouts(mesh):
+    one_d = [S0, B] if mesh.ndim == 1 else [S0, B]
+    return [(s,) * mesh.ndim for s in one_d] + ([(S0, B), (B, S0)] if mesh.ndim == 2 else [])
+
+
+def test_new_constructors_follow_the_source(mesh):
+    x = ct.tensor(np.ones((5, 3), np.float64), placement=mesh, sbp=(S1,) * mesh.ndim)
+    z = x.new_zeros(2, 7)
+    assert z.shape == (2, 7) and z.dtype == np.float64 and z.placement == mesh
+    assert z.sbp == (B,) * mesh.ndim and not z.requires_grad
+    assert x.new_zeros((2, 7)).shape == (2, 7) and x.new_ones([3]).numpy().tolist() == [1] * 3
+    assert x.new_zeros(4, dtype=ct.long).dtype == np.int64
+    assert x.new_ones(4, requires_grad=True).requires_grad
+    f = x.new_full((7,), 2, sbp=(S0,) * mesh.ndim)
+    assert f.dtype == np.float64 and f.sbp == (S0,) * mesh.ndim and f.numpy().tolist() == [2] * 7
+    assert x.long().new_full((2,), 2.7).numpy().tolist() == [2, 2]         # truncated, int64
+    t = x.new_tensor([1, 2])
+    assert t.dtype == np.float64 and t.numpy().tolist() == [1.0, 2.0]
+    assert x.long().new_tensor([1.9]).numpy().tolist() == [1]
+    w = ct.ones(2, requires_grad=True, placement=mesh)
+    c = w.new_tensor(w)
+    assert c.is_leaf and not c.requires_grad and c.numpy().tolist() == [1.0, 1.0]
+    assert x.new_empty(2, 2).shape == (2, 2)
+    with pytest.raises(TypeError, match="new_full: argument 'size' must be a tuple or list"):
+        x.new_full(3, 1.0)
+    torch = pytest.importorskip("torch")
+    tx = torch.ones(5, 3, dtype=torch.float64)
+    for call in (lambda a: a.new_zeros(2, 3), lambda a: a.new_ones((4,)),
+                 lambda a: a.new_full((2, 2), 7), lambda a: a.new_tensor([[1, 2]]),
+                 lambda a: a.long().new_full((3,), 2.5), lambda a: a.long().new_tensor([1.5])):
+        ours, theirs = call(x), call(tx)
+        assert ours.shape == tuple(theirs.shape)
+        assert ours.dtype.name == str(theirs.dtype).removeprefix("torch.")
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+def test_eye_linspace_logspace_in_every_layout(mesh):
+    for sbp in _layouts(mesh):
+        assert_layout(ct.eye(7, 5, placement=mesh, sbp=sbp), np.eye(7, 5, dtype=np.float32))
+        assert_layout(ct.eye(5, placement=mesh, sbp=sbp, dtype=ct.long), np.eye(5, dtype=int))
+        sbp1 = tuple(s if s != S1 else B for s in sbp)
+        assert_layout(ct.linspace(-1, 2, 7, placement=mesh, sbp=sbp1, dtype=ct.float64),
+                      np.linspace(-1, 2, 7), rtol=1e-15, atol=1e-15)
+        assert_layout(ct.logspace(0, 3, 9, base=2.0, placement=mesh, sbp=sbp1,
+                                  dtype=ct.float64), np.logspace(0, 3, 9, base=2.0),
+                      rtol=1e-14, atol=0)
+    assert ct.linspace(0, 1, 0).shape == (0,) and ct.linspace(2, 5, 1).numpy().tolist() == [2.0]
+    assert ct.linspace(0, 1, 3).dtype == np.float32 and ct.eye(2).dtype == np.float32
+
+
+def test_creation_matches_torch():
+    torch = pytest.importorskip("torch")
+    cases = [(0, 1, 5), (-3, 7, 11), (0.1, 0.9, 1000), (3, -2.5, 7), (2, 2, 4), (1, 9, 2)]
+    for a, b, n in cases:
+        for ours, theirs in ((None, None), (ct.float64, torch.float64),
+                             (ct.long, torch.long), (ct.int, torch.int32)):
+            kw, tkw = ({"dtype": ours}, {"dtype": theirs}) if ours is not None else ({}, {})
+            got, want = ct.linspace(a, b, n, **kw).numpy(), torch.linspace(a, b, n, **tkw).numpy()
+            assert got.dtype == want.dtype
+            if got.dtype.kind == "f":   # torch's vectorised path may differ in the last bit
+                np.testing.assert_allclose(got, want, rtol=2 * np.finfo(got.dtype).eps,
+                                           atol=4 * np.finfo(got.dtype).eps)
+            else:
+                np.testing.assert_array_equal(got, want)
+        got, want = ct.logspace(a, b, n).numpy(), torch.logspace(a, b, n).numpy()
+        np.testing.assert_allclose(got, want, rtol=2e-7)
+        got = ct.logspace(a, b, n, base=3.0, dtype=ct.float64).numpy()
+        np.testing.assert_allclose(got, torch.logspace(a, b, n, base=3.0,
+                                                       dtype=torch.float64).numpy(), rtol=1e-15)
+    np.testing.assert_array_equal(ct.eye(3, 5).numpy(), torch.eye(3, 5).numpy())
+    arr = np.arange(6, dtype=np.int32).reshape(2, 3)
+    for make, tmake in ((ct.from_numpy, torch.from_numpy), (ct.as_tensor, torch.as_tensor)):
+        ours, theirs = make(arr), tmake(arr)
+        assert ours.dtype == arr.dtype and str(theirs.dtype) == "torch.int32"
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+    assert ct.as_tensor([1.0, 2.0]).dtype == np.float32 == torch.as_tensor([1.0]).numpy().dtype
+    x = ct.ones(2, 2)
+    assert ct.as_tensor(x) is x and ct.as_tensor(x, dtype=ct.float64).dtype == np.float64
+    e = ct.empty_like(ct.ones(3, 2, dtype=ct.int, sbp=ct.sbp.split(0)))
+    assert e.shape == (3, 2) and e.dtype == np.int32 and e.sbp == (ct.sbp.split(0),)
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda: ct.eye(-1), ValueError, "eye: argument 'n' must be an int >= 0"),
+    (lambda: ct.eye(2, 2.5), ValueError, "eye: argument 'm'"),
+    (lambda: ct.linspace(0, 1, -2), ValueError, "linspace: argument 'steps' must be an int"),
+    (lambda: ct.linspace(0, "1", 3), TypeError, "linspace: argument 'end' must be a real"),
+    (lambda: ct.logspace(0, 1, 3, base=None), TypeError, "logspace: argument 'base'"),
+    (lambda: ct.linspace(0, 1, 3, dtype=ct.long, requires_grad=True), ValueError,
+     "needs a floating dtype"),
+    (lambda: ct.from_numpy([1, 2]), TypeError, "from_numpy: expected np.ndarray (got list)"),
+    (lambda: ct.empty_like([1]), TypeError, "empty_like: argument 'input' must be a ct"),
+])
+def test_creation_errors(call, exc, words):
+    with pytest.raises(exc) as info:
+        call()
+    assert words in str(info.value)

@@ -17,4 +17,5 @@ from . import scan  # noqa: F401
 from . import einsum  # noqa: F401
 from . import inplace  # noqa: F401
 from . import sampling  # noqa: F401
+from . import factory  # noqa: F401
 from . import optimizer  # noqa: F401
