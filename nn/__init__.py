@@ -6,13 +6,23 @@ communicates by itself.
 """
 from . import functional  # noqa: F401
 from .module import Module, Parameter
-from .layers import (Linear, Embedding, LayerNorm, Dropout, GELU, ReLU, Identity, Sequential,
-                     ModuleList, ModuleDict)
+from .layers import (Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, ReLU, Identity,
+                     Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict)
+from .activation import (SiLU, Tanh, Sigmoid, Softmax, LogSoftmax, Softplus, LeakyReLU,
+                         Flatten, Unflatten)
+from .attention import MultiheadAttention
+from .losses import (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss,
+                     BCELoss, BCEWithLogitsLoss)
+from . import init
 from .transformer import CausalSelfAttention, MLP, Block, GPT
 from .fsdp import fully_shard, mixed_precision, compute_dtype
 from . import fsdp, parallel, utils
 
-__all__ = ["functional", "Module", "Parameter", "Linear", "Embedding", "LayerNorm", "Dropout",
-           "GELU", "ReLU", "Identity", "Sequential", "ModuleList", "ModuleDict",
+__all__ = ["functional", "init", "Module", "Parameter", "Linear", "Embedding", "LayerNorm",
+           "RMSNorm", "Dropout", "GELU", "ReLU", "Identity", "Sequential", "ModuleList",
+           "ModuleDict", "ParameterList", "ParameterDict", "SiLU", "Tanh", "Sigmoid",
+           "Softmax", "LogSoftmax", "Softplus", "LeakyReLU", "Flatten", "Unflatten",
+           "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss",
+           "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
            "CausalSelfAttention", "MLP", "Block", "GPT",
            "parallel", "utils", "fsdp", "fully_shard", "mixed_precision", "compute_dtype"]

@@ -26,29 +26,19 @@ import numpy as np
 
 import ctensor as ct
 
-__all__ = ["linear", "relu", "gelu", "softmax", "log_softmax", "layer_norm", "embedding",
-           "cross_entropy", "dropout", "scaled_dot_product_attention"]
+from ._checks import check_float, check_int, check_probability, check_tensor
+from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
+                     cross_entropy, huber_loss, l1_loss, mse_loss, nll_loss, smooth_l1_loss)
+
+__all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "leaky_relu",
+           "softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "one_hot", "pad",
+           "normalize", "dropout", "scaled_dot_product_attention",
+           "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+           "binary_cross_entropy", "binary_cross_entropy_with_logits"]
 
 
 # ----------------------------------------------------------------------------- helpers
-def _check_tensor(fn: str, arg: str, x) -> None:
-    if not isinstance(x, ct.Tensor):
-        raise TypeError(f"{fn}: argument '{arg}' must be a ct.Tensor, got "
-                        f"{type(x).__name__}")
-
-
-def _check_float(fn: str, arg: str, x) -> None:
-    _check_tensor(fn, arg, x)
-    if x.dtype.kind not in "fc":
-        raise TypeError(f"{fn}: argument '{arg}' must be a floating tensor, got {x.dtype}; "
-                        f"convert it with .float()")
-
-
-def check_probability(fn: str, arg: str, p) -> float:
-    """``p`` as a float in [0, 1]; ``ValueError`` naming the function and argument."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-        raise ValueError(f"{fn}: argument '{arg}' must be a probability in [0, 1], got {p!r}")
-    return float(p)
+_check_tensor, _check_float = check_tensor, check_float
 
 
 # ----------------------------------------------------------------------------- layers
@@ -97,23 +87,74 @@ def gelu(x, approximate: str = "none"):
     return ct.gelu(x, approximate=approximate)
 
 
-def softmax(x, dim: int):
-    """``exp(x) / sum(exp(x), dim)``, numerically stable. A split along another dim stays
-    local; a split along ``dim`` uses a max over ranks (P(max)) and a sum (P).
+def silu(x, inplace: bool = False):
+    """SiLU (swish), ``x * sigmoid(x)``: the gate of SwiGLU (Llama's MLP).
+
+    >>> h = F.silu(w1(x)) * w3(x)
+    """
+    _check_float("silu", "input", x)
+    return x * ct.sigmoid(x)
+
+
+def sigmoid(x):
+    """``1 / (1 + exp(-x))`` elementwise.
+
+    >>> F.sigmoid(z)
+    """
+    _check_float("sigmoid", "input", x)
+    return ct.sigmoid(x)
+
+
+def tanh(x):
+    """Hyperbolic tangent elementwise.
+
+    >>> F.tanh(z)
+    """
+    _check_float("tanh", "input", x)
+    return ct.tanh(x)
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+    """``log(1 + exp(beta x)) / beta``, and ``x`` itself where ``beta x > threshold`` (as
+    PyTorch); computed as ``(relu(beta x) + log(1 + exp(-|beta x|))) / beta``, which
+    never overflows.
+
+    >>> F.softplus(z)
+    """
+    _check_float("softplus", "input", x)
+    bx = x * beta if beta != 1.0 else x
+    soft = ct.relu(bx) + ct.log(1.0 + ct.exp(-bx.abs()))
+    soft = soft * (1.0 / beta) if beta != 1.0 else soft
+    return ct.where(bx > threshold, x, soft)
+
+
+def leaky_relu(x, negative_slope: float = 0.01, inplace: bool = False):
+    """``x`` where ``x > 0``, else ``negative_slope * x``.
+
+    >>> F.leaky_relu(z, 0.2)
+    """
+    _check_float("leaky_relu", "input", x)
+    return ct.where(x > 0, x, x * float(negative_slope))
+
+
+def softmax(x, dim: int, _stacklevel: int = 3, dtype=None):
+    """``exp(x) / sum(exp(x), dim)``, numerically stable (``dtype``: cast first, as
+    PyTorch). A split along another dim stays local; a split along ``dim`` uses a max over
+    ranks (P(max)) and a sum (P).
 
     >>> p = F.softmax(scores, dim=-1)
     """
     _check_float("softmax", "input", x)
-    return ct.softmax(x, dim)
+    return ct.softmax(x if dtype is None else x.to(dtype), dim)
 
 
-def log_softmax(x, dim: int):
+def log_softmax(x, dim: int, _stacklevel: int = 3, dtype=None):
     """``x - logsumexp(x, dim)``, numerically stable; splits as :func:`softmax`.
 
     >>> logp = F.log_softmax(logits, dim=-1)
     """
     _check_float("log_softmax", "input", x)
-    return ct.log_softmax(x, dim)
+    return ct.log_softmax(x if dtype is None else x.to(dtype), dim)
 
 
 def layer_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None, bias=None,
@@ -131,6 +172,36 @@ def layer_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None, bias
         if t is not None:
             _check_float("layer_norm", arg, t)
     return ct.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _normalized_dims(fn: str, x, normalized_shape) -> tuple:
+    shape = (int(normalized_shape),) if isinstance(normalized_shape, (int, np.integer)) \
+        else tuple(int(n) for n in normalized_shape)
+    if not shape or tuple(x.shape[x.ndim - len(shape):]) != shape or len(shape) > x.ndim:
+        raise ValueError(f"{fn}: argument 'normalized_shape' {shape} does not match the last "
+                         f"dims of input of shape {tuple(x.shape)}; accepted: the input's "
+                         f"trailing dims")
+    return tuple(range(x.ndim - len(shape), x.ndim))
+
+
+def rms_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None,
+             eps: Optional[float] = None):
+    """Root-mean-square normalisation over the last ``len(normalized_shape)`` dims:
+    ``x * rsqrt(mean(x^2) + eps) * weight``; ``eps`` defaults to the dtype's machine
+    epsilon (PyTorch's default). A split of a normalised dim reduces the partial mean
+    (one small all-reduce); other splits stay local.
+
+    >>> y = F.rms_norm(x, (64,), w, eps=1e-6)
+    """
+    _check_float("rms_norm", "input", x)
+    dims = _normalized_dims("rms_norm", x, normalized_shape)
+    if eps is None:
+        eps = float(np.finfo(x.dtype).eps)
+    y = x * ct.rsqrt((x * x).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        _check_float("rms_norm", "weight", weight)
+        y = y * weight
+    return y
 
 
 def embedding(input, weight):  # noqa: A002 - PyTorch's name
@@ -152,40 +223,108 @@ def embedding(input, weight):  # noqa: A002 - PyTorch's name
     return ct.embedding(input, weight)
 
 
-# ----------------------------------------------------------------------------- losses
-_REDUCTIONS = ("mean", "sum", "none")
+def one_hot(tensor, num_classes: int = -1):
+    """``(..., num_classes)`` int64 with a 1 at each class id of ``tensor``;
+    ``num_classes=-1`` takes ``tensor.max() + 1`` (a collective: every rank calls it).
+    Split ids stay split (the class dim is new and whole).
 
-
-def cross_entropy(logits, target, ignore_index: int = -100, reduction: str = "mean"):
-    """Softmax cross entropy of ``logits`` (..., C) against integer class ids ``target``
-    (...), e.g. (N, C) with (N,) or (B, T, C) with (B, T); the class dim is the last.
-
-    ``reduction``: ``"mean"`` over the targets that are not ``ignore_index``, ``"sum"``, or
-    ``"none"`` (per-target losses, 0 where ignored). For float16 logits the per-target
-    losses are computed in float32 inside and the mean or sum is reduced and returned in
-    float32 (as PyTorch's autocast does), so loss scaling cannot overflow it. Class-split logits (S(last)) are never
-    gathered: max via P(max), sum of exponentials via P, the target logit via
-    :func:`ctensor.pick` (P); only row statistics move.
-
-    >>> loss = F.cross_entropy(logits, targets)
+    >>> F.one_hot(ct.tensor([0, 2]), 3)       # [[1, 0, 0], [0, 0, 1]]
     """
-    _check_float("cross_entropy", "input", logits)
-    _check_tensor("cross_entropy", "target", target)
-    if reduction not in _REDUCTIONS:
-        raise ValueError(f"cross_entropy: argument 'reduction' is {reduction!r}, accepted "
-                         f"{_REDUCTIONS}")
-    # the op checks the target's dtype and shape (class dim last)
-    loss = ct.softmax_cross_entropy(logits, target, ignore_index=ignore_index)
-    if reduction == "none":
-        return loss
-    if loss.dtype == np.float16:
-        # a float16 sum of many per-target losses overflows (65504) or loses its digits:
-        # reduce in float32 and return float32, as PyTorch's autocast does for this op
-        loss = loss.float()
-    total = loss.sum()
-    if reduction == "sum":
-        return total
-    return total / (target != ignore_index).to(loss.dtype).sum()
+    check_int("one_hot", "tensor", tensor)
+    if isinstance(num_classes, bool) or not isinstance(num_classes, (int, np.integer)):
+        raise TypeError(f"one_hot: argument 'num_classes' must be an int, got "
+                        f"{num_classes!r}")
+    if tensor.numel() and int(tensor.min().item()) < 0:
+        raise ValueError("one_hot: class ids must be non-negative; got a negative id")
+    if num_classes == -1:
+        num_classes = int(tensor.max().item()) + 1 if tensor.numel() else 0
+    elif num_classes < 1 or (tensor.numel() and int(tensor.max().item()) >= num_classes):
+        raise ValueError(f"one_hot: argument 'num_classes' is {num_classes}; accepted: -1 or "
+                         f"a number larger than every class id")
+    classes = ct.arange(int(num_classes), placement=tensor.placement, dtype=tensor.dtype)
+    return (tensor.unsqueeze(-1) == classes).to(np.int64)
+
+
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _pad_block(x, dim: int, size: int, value):
+    """A ``value``-filled block shaped like ``x`` but ``size`` long along ``dim``, laid out
+    like ``x`` (splits of other dims kept, so ``cat`` needs no communication for them)."""
+    shape = list(x.shape)
+    shape[dim] = size
+    sbp = tuple(s if isinstance(s, type(ct.sbp.split(0))) and s.dim != dim else
+                ct.sbp.broadcast for s in x.sbp)
+    return ct.full(*shape, fill_value=value, placement=x.placement, sbp=sbp, dtype=x.dtype)
+
+
+def pad(input, pad: Sequence[int], mode: str = "constant",  # noqa: A002 - PyTorch's names
+        value: Optional[float] = None):
+    """Pad ``input``: ``pad`` is ``(left_last, right_last, left_second_last, ...)`` as in
+    PyTorch (negative amounts crop, ``constant`` mode). Modes: ``constant`` (``value``,
+    default 0), ``reflect`` (mirror without the edge), ``replicate`` (the edge repeated),
+    ``circular`` (wrap around). Written with ``narrow``, ``flip`` and ``cat``: works on every
+    layout (a split of a padded dim is boxed by ``cat``, other splits stay local).
+
+    >>> F.pad(x, (1, 1))                      # last dim +2, zeros
+    >>> F.pad(img, (2, 2, 2, 2), mode="reflect")
+    """
+    _check_tensor("pad", "input", input)
+    pad = tuple(pad)
+    if len(pad) % 2 or len(pad) // 2 > input.ndim or \
+            not all(isinstance(p, (int, np.integer)) and not isinstance(p, bool) for p in pad):
+        raise ValueError(f"pad: argument 'pad' must hold an even number of ints, at most "
+                         f"2 * input.ndim ({2 * input.ndim}), got {pad!r}")
+    if mode not in PAD_MODES:
+        raise ValueError(f"pad: argument 'mode' is {mode!r}, accepted {PAD_MODES}")
+    if mode != "constant" and value:
+        raise ValueError(f"pad: argument 'value' is only for mode='constant', got mode "
+                         f"{mode!r} and value {value!r}")
+    x = input
+    for i in range(len(pad) // 2):
+        dim = x.ndim - 1 - i
+        left, right = int(pad[2 * i]), int(pad[2 * i + 1])
+        n = x.shape[dim]
+        if mode != "constant" and (left < 0 or right < 0 or
+                                   max(left, right) > (n - 1 if mode == "reflect" else n) or
+                                   n == 0):
+            most = n - 1 if mode == "reflect" else n
+            raise ValueError(f"pad: mode {mode!r} pads dim {dim} of size {n} by "
+                             f"({left}, {right}); accepted: amounts in 0..{most}")
+        if mode == "constant":
+            if left < 0:
+                x, left, n = x.narrow(dim, -left, n + left), 0, n + left
+            if right < 0:
+                x, right, n = x.narrow(dim, 0, n + right), 0, n + right
+            fill = 0 if value is None else value
+            lo = _pad_block(x, dim, left, fill) if left else None
+            hi = _pad_block(x, dim, right, fill) if right else None
+        elif mode == "reflect":
+            lo = x.narrow(dim, 1, left).flip(dim) if left else None
+            hi = x.narrow(dim, n - 1 - right, right).flip(dim) if right else None
+        elif mode == "replicate":
+            def edge(start, size):
+                shape = list(x.shape)
+                shape[dim] = size
+                return x.narrow(dim, start, 1).expand(*shape)
+            lo = edge(0, left) if left else None
+            hi = edge(n - 1, right) if right else None
+        else:
+            lo = x.narrow(dim, n - left, left) if left else None
+            hi = x.narrow(dim, 0, right) if right else None
+        parts = [p for p in (lo, x, hi) if p is not None]
+        x = ct.cat(parts, dim) if len(parts) > 1 else x
+    return x
+
+
+def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12):  # noqa: A002
+    """``input / max(||input||_p, eps)`` along ``dim`` (PyTorch's default ``dim=1``).
+
+    >>> F.normalize(emb, dim=-1)
+    """
+    _check_float("normalize", "input", input)
+    norm = ct.norm(input, p, dim, True)
+    return input / ct.clamp(norm, min=float(eps))
 
 
 # ----------------------------------------------------------------------------- dropout

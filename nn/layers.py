@@ -18,8 +18,9 @@ import ctensor as ct
 from . import functional as F
 from .module import Module, Parameter
 
-__all__ = ["Linear", "Embedding", "LayerNorm", "Dropout", "GELU", "ReLU", "Identity",
-           "Sequential", "ModuleList", "ModuleDict", "uniform_param", "normal_param"]
+__all__ = ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU",
+           "Identity", "Sequential", "ModuleList", "ModuleDict", "ParameterList",
+           "ParameterDict", "uniform_param", "normal_param"]
 
 
 def _dtype(dtype) -> np.dtype:
@@ -272,3 +273,137 @@ class ModuleDict(Module):
 
     def forward(self, *args, **kwargs):
         raise TypeError("ModuleDict: a ModuleDict has no forward(); index it by key")
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalisation over the last dim(s) (PyTorch's arguments): ``y = x *
+    rsqrt(mean(x^2) + eps) * weight`` with ``weight`` ones; ``eps=None`` is the dtype's
+    machine epsilon at run time, as PyTorch.
+
+    >>> norm = nn.RMSNorm(64, eps=1e-6)
+    """
+
+    def __init__(self, normalized_shape, eps: Optional[float] = None,
+                 elementwise_affine: bool = True, device=None, dtype=None):
+        super().__init__()
+        if isinstance(normalized_shape, (int, np.integer)):
+            normalized_shape = (int(normalized_shape),)
+        self.normalized_shape = tuple(_positive("RMSNorm", "normalized_shape", n)
+                                      for n in normalized_shape)
+        self.eps = None if eps is None else float(eps)
+        self.elementwise_affine = bool(elementwise_affine)
+        if self.elementwise_affine:
+            self.weight = Parameter(ct.ones(*self.normalized_shape, dtype=_dtype(dtype)))
+        else:
+            self.register_parameter("weight", None)
+
+    def forward(self, x: ct.Tensor) -> ct.Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, "
+                f"elementwise_affine={self.elementwise_affine}")
+
+
+def _as_parameter(fn: str, value) -> Parameter:
+    if isinstance(value, Parameter):
+        return value
+    if isinstance(value, ct.Tensor):  # PyTorch wraps a plain tensor
+        return Parameter(value.detach(), requires_grad=value.dtype.kind in "fc")
+    raise TypeError(f"{fn}: values must be nn.Parameter or ct.Tensor, got "
+                    f"{type(value).__name__}")
+
+
+class ParameterList(Module):
+    """A list of parameters registered as ``"0"``, ``"1"``, ... (plain tensors are wrapped
+    in :class:`Parameter`).
+
+    >>> experts = nn.ParameterList([nn.Parameter(ct.zeros(4, 4)) for _ in range(3)])
+    >>> experts[0].shape
+    (4, 4)
+    """
+
+    def __init__(self, values: Optional[Iterable] = None):
+        super().__init__()
+        for v in values or ():
+            self.append(v)
+
+    def append(self, value) -> "ParameterList":
+        self.register_parameter(str(len(self._parameters)),
+                                _as_parameter("ParameterList.append", value))
+        return self
+
+    def extend(self, values: Iterable) -> "ParameterList":
+        for v in values:
+            self.append(v)
+        return self
+
+    def _key(self, index: int) -> str:
+        n = len(self._parameters)
+        if not isinstance(index, (int, np.integer)) or not -n <= index < n:
+            raise IndexError(f"ParameterList: index {index!r} is out of range for {n} "
+                             f"parameters")
+        return str(int(index) % n)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return ParameterList(list(self._parameters.values())[index])
+        return self._parameters[self._key(index)]
+
+    def __setitem__(self, index: int, value) -> None:
+        self.register_parameter(self._key(index),
+                                _as_parameter("ParameterList.__setitem__", value))
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self) -> Iterator[Parameter]:
+        return iter(self._parameters.values())
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("ParameterList: a ParameterList has no forward(); index it")
+
+    def extra_repr(self) -> str:
+        return "\n".join(f"({k}): Parameter containing: {tuple(p.shape)} {p.dtype}"
+                         for k, p in self._parameters.items())
+
+
+class ParameterDict(Module):
+    """A dict of parameters registered under their (str) keys.
+
+    >>> scales = nn.ParameterDict({"a": nn.Parameter(ct.ones(3))})
+    """
+
+    def __init__(self, parameters: Optional[dict] = None):
+        super().__init__()
+        for k, v in (parameters or {}).items():
+            self[k] = v
+
+    def __setitem__(self, key: str, value) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"ParameterDict: keys must be str, got {key!r}")
+        self.register_parameter(key, _as_parameter("ParameterDict", value))
+
+    def __getitem__(self, key: str) -> Parameter:
+        return self._parameters[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._parameters
+
+    def __len__(self) -> int:
+        return len(self._parameters)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parameters)
+
+    def keys(self):
+        return self._parameters.keys()
+
+    def values(self):
+        return self._parameters.values()
+
+    def items(self):
+        return self._parameters.items()
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("ParameterDict: a ParameterDict has no forward(); index it by key")

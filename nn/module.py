@@ -306,6 +306,20 @@ class Module:
         for _, m in self.named_modules():
             yield m
 
+    def apply(self, fn) -> "Module":
+        """Call ``fn(module)`` on every child (recursively, children first) and then on
+        this module, as PyTorch does (e.g. nanoGPT's ``self.apply(self._init_weights)``).
+
+        >>> model.apply(lambda m: nn.init.zeros_(m.bias) if isinstance(m, nn.Linear) else None)
+        """
+        if not callable(fn):
+            raise TypeError(f"Module.apply: argument 'fn' must be callable, got "
+                            f"{type(fn).__name__}")
+        for child in self.children():
+            child.apply(fn)
+        fn(self)
+        return self
+
     def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple]:
         """``(dotted name, Parameter)``; a parameter shared by several modules (tied
         weights) appears once, under its first name."""
@@ -377,6 +391,10 @@ class Module:
     def float(self) -> "Module":
         """Cast to float32 in place."""
         return self.to(np.float32)
+
+    def half(self) -> "Module":
+        """Cast to float16 in place."""
+        return self.to(np.float16)
 
     # ----------------------------------------------------------------- layout
     def to_global(self, placement=None, sbp=None) -> "Module":

@@ -117,6 +117,34 @@ def tensor_parallel_rules(module: Module) -> dict:
     return rules
 
 
+def _check_covered(fn: str, module: Module, rules: dict) -> None:
+    """``ValueError`` naming the ``Linear`` layers that ``rules`` leaves without a
+    tensor-parallel layout (they would run replicated on every rank: no memory saved, no
+    speed-up) and the ``to_global`` call that lays them out, before anything moves."""
+    ruled = {id(p) for name, p in module.named_parameters() if name in rules}
+    missing = [(name, mod) for name, mod in module.named_modules()
+               if isinstance(mod, Linear) and id(mod.weight) not in ruled]
+    if not missing:
+        return
+    pairs = []
+    for i, (name, mod) in enumerate(missing):  # Megatron's pattern: column, row, ...
+        prefix = f"{name}." if name else ""
+        if i % 2 == 0:
+            pairs.append(f"'{prefix}weight': ct.sbp.split(0)")
+            if mod.bias is not None:
+                pairs.append(f"'{prefix}bias': ct.sbp.split(0)")
+        else:
+            pairs.append(f"'{prefix}weight': ct.sbp.split(1)")
+    shown = [name or "(the module itself)" for name, _ in missing]
+    raise ValueError(
+        f"{fn}: no tensor-parallel rule for the Linear layers {shown} of "
+        f"{type(module).__name__}; they would stay replicated on every rank. Lay them out by "
+        f"SBP rules, e.g. Megatron's column-parallel then row-parallel pair (the second "
+        f"Linear consumes the first one's output): model.to_global(mesh, "
+        f"{{**nn.parallel.tensor_parallel_rules(model), {', '.join(pairs)}}}); or replicate "
+        f"on purpose with nn.parallel.data_parallel(model, mesh)")
+
+
 def _residual_stream_modules(module: Module) -> list:
     """The modules whose input is the residual stream of a pre-LayerNorm transformer: every
     ``Block`` and every ``LayerNorm`` (the two inside each block and the final one), and the
@@ -211,7 +239,10 @@ def sequence_parallel(module: Module, tp_axis: int = 0, regather: bool = True) -
 
 def tensor_parallel(module: Module, placement, sequence_parallel: bool = False) -> Module:
     """Lay ``module`` out tensor-parallel over a 1-D ``placement`` and return it; feed it
-    broadcast inputs. ``sequence_parallel=True`` also splits the residual stream along the
+    broadcast inputs. Rules exist for ``nn``'s attention, MLP, GPT and ``Sequential``
+    layers; a ``Linear`` of a user-written module without one raises ``ValueError`` (before
+    anything moves) naming it and the ``module.to_global(mesh, {pattern: sbp})`` to write.
+    ``sequence_parallel=True`` also splits the residual stream along the
     sequence (Megatron-SP: reduce-scatters and all-gathers instead of all-reduces, and
     LayerNorm and dropout on sequence shards).
 
@@ -219,7 +250,9 @@ def tensor_parallel(module: Module, placement, sequence_parallel: bool = False) 
     """
     _check_module("tensor_parallel", module)
     _check_placement("tensor_parallel", placement, 1)
-    module.to_global(placement, tensor_parallel_rules(module))
+    rules = tensor_parallel_rules(module)
+    _check_covered("tensor_parallel", module, rules)
+    module.to_global(placement, rules)
     if sequence_parallel:
         globals()["sequence_parallel"](module, 0)
     return module
@@ -255,6 +288,7 @@ def hybrid_parallel(module: Module, placement, tp_axis: int = 1,
     """
     _check_module("hybrid_parallel", module)
     _check_placement("hybrid_parallel", placement)
+    _check_covered("hybrid_parallel", module, tensor_parallel_rules(module))
     module.to_global(placement, hybrid_parallel_rules(module, placement.ndim, tp_axis))
     if sequence_parallel:
         globals()["sequence_parallel"](module, tp_axis)

@@ -199,7 +199,8 @@ class GPT(Module):
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
-        loss = None if targets is None else F.cross_entropy(logits, targets)
+        loss = None if targets is None else \
+            F.cross_entropy(logits.flatten(0, -2), targets.flatten())
         return logits, loss
 
     def extra_repr(self) -> str:

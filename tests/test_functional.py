@@ -194,24 +194,30 @@ def test_cross_entropy(mesh, reduction):
 
 
 def test_cross_entropy_3d_and_grad_formula(mesh):
+    # PyTorch's (N, C, d1) layout: the class dim is 1
     rng = np.random.default_rng(8)
-    logits = rng.standard_normal((2, 3, 7))
+    logits = rng.standard_normal((2, 7, 3))
+    last = np.moveaxis(logits, 1, -1)
     target = rng.integers(0, 7, (2, 3))
     target[1, 0] = 4
     for sbp in _sbps(mesh, S(2), S(1), S(0)):
         lt = _t(logits, mesh, sbp, True)
         loss = F.cross_entropy(lt, _t(target, mesh, (B,) * mesh.ndim))
-        np.testing.assert_allclose(loss.numpy(), _cross_entropy_np(logits, target))
+        np.testing.assert_allclose(loss.numpy(), _cross_entropy_np(last, target))
         loss.backward()
         onehot = np.eye(7)[target]
-        np.testing.assert_allclose(lt.grad.numpy(), (_softmax_np(logits, -1) - onehot) / 6,
-                                   atol=1e-12)
+        expected = np.moveaxis((_softmax_np(last, -1) - onehot) / 6, -1, 1)
+        np.testing.assert_allclose(lt.grad.numpy(), expected, atol=1e-12)
+        assert lt.grad.sbp == lt.sbp
     # every target ignored: nan like PyTorch
     t = np.full((2, 3), -100)
     with np.errstate(invalid="ignore"):
-        loss = F.cross_entropy(_t(logits, mesh, (S(2),) * mesh.ndim),
+        loss = F.cross_entropy(_t(logits, mesh, (S(1),) * mesh.ndim),
                                _t(t, mesh, (B,) * mesh.ndim))
         assert np.isnan(loss.numpy())
+    # class-last logits with (B, T) targets: the error says how to write it
+    with pytest.raises(ValueError, match=r"class dim is dim 1.*flatten\(0, -2\)"):
+        F.cross_entropy(_t(last, mesh, (B,) * mesh.ndim), _t(target, mesh, (B,) * mesh.ndim))
 
 
 def test_cross_entropy_vocab_split_never_gathers_logits(mesh):
@@ -399,8 +405,10 @@ def test_errors_name_op_and_argument(mesh):
         F.linear(x, ct.zeros(2, 5, placement=mesh))
     with pytest.raises(ValueError, match="layer_norm.*normalized_shape"):
         F.layer_norm(x, (4,))
-    with pytest.raises(TypeError, match="cross_entropy.*target"):
+    with pytest.raises(ValueError, match="cross_entropy.*probability target"):
         F.cross_entropy(x, ct.zeros(4, placement=mesh))
+    with pytest.raises(TypeError, match="cross_entropy.*target.*bool"):
+        F.cross_entropy(x, ct.zeros(4, placement=mesh, dtype=bool))
     with pytest.raises(ValueError, match="cross_entropy.*target"):
         F.cross_entropy(x, ct.zeros(3, placement=mesh, dtype=np.int64))
     with pytest.raises(ValueError, match="cross_entropy.*reduction"):
@@ -413,3 +421,156 @@ def test_errors_name_op_and_argument(mesh):
         F.dropout(x, 1.5)
     with pytest.raises(ValueError, match="scaled_dot_product_attention"):
         F.scaled_dot_product_attention(x, ct.zeros(4, 2, placement=mesh), x)
+
+
+# ----------------------------------------------------------------------------- PyTorch's names
+# Each case: (id, NumPy inputs, indices of the inputs that take a gradient, call(F, *ts)).
+# The first input is laid out in every SBP of the mesh; the others broadcast. Values and
+# gradients are compared with torch's (float64, 1e-9) when torch is importable.
+_R = np.random.default_rng(21)
+_X3 = _R.standard_normal((4, 5, 3))          # (N, C, d) logits / a generic 3-D input
+_T3 = _R.integers(0, 5, (4, 3))
+_T3[0, 0] = -100
+_W5 = _R.random(5) + 0.5
+_Y3 = _R.standard_normal((4, 5, 3))
+_B3 = (_R.random((4, 5, 3)) > 0.5) * 1.0
+_P3 = _R.random((4, 5, 3))
+_P3 /= _P3.sum(1, keepdims=True)
+_T2 = _R.integers(0, 5, 4)
+TORCH_CASES = [
+    ("cross_entropy_2d_smooth_weight", [_X3[:, :, 0], _T2, _W5], [0],
+     lambda F, x, t, w: F.cross_entropy(x, t, weight=w, label_smoothing=0.2)),
+    ("cross_entropy_ncd_smooth", [_X3, _T3], [0],
+     lambda F, x, t: F.cross_entropy(x, t, label_smoothing=0.1)),
+    ("cross_entropy_ncd_weight_sum", [_X3, _T3, _W5], [0],
+     lambda F, x, t, w: F.cross_entropy(x, t, weight=w, reduction="sum")),
+    ("cross_entropy_ncd_none_ignore_1", [_X3, np.where(_T3 < 0, 1, _T3)], [0],
+     lambda F, x, t: F.cross_entropy(x, t, ignore_index=1, reduction="none",
+                                     label_smoothing=0.3)),
+    ("cross_entropy_probabilities", [_X3, _P3, _W5], [0],
+     lambda F, x, p, w: F.cross_entropy(x, p, weight=w, label_smoothing=0.1)),
+    ("cross_entropy_unbatched", [_X3[0, :, 0], _T2[0]], [0],
+     lambda F, x, t: F.cross_entropy(x, t)),
+    ("nll_loss_weight", [_X3, _T3, _W5], [0], lambda F, x, t, w: F.nll_loss(x, t, weight=w)),
+    ("mse_loss", [_X3, _Y3], [0, 1], lambda F, x, y: F.mse_loss(x, y)),
+    ("l1_loss_sum", [_X3, _Y3], [0, 1], lambda F, x, y: F.l1_loss(x, y, reduction="sum")),
+    ("smooth_l1_loss", [_X3, _Y3], [0], lambda F, x, y: F.smooth_l1_loss(x, y, beta=0.5)),
+    ("huber_loss", [_X3, _Y3], [0], lambda F, x, y: F.huber_loss(x, y, delta=0.7)),
+    ("bce_with_logits", [_X3 * 4, _B3, _R.random(3) + 0.5, _R.random((5, 3))], [0],
+     lambda F, x, y, pw, w: F.binary_cross_entropy_with_logits(x, y, weight=w,
+                                                               pos_weight=pw)),
+    ("bce", [_X3, _B3], [0],
+     lambda F, x, y: F.binary_cross_entropy((x * 3).sigmoid(), y, reduction="none")),
+    ("silu", [_X3 * 5], [0], lambda F, x: F.silu(x)),
+    ("softplus", [_X3 * 10], [0], lambda F, x: F.softplus(x, beta=2.0, threshold=5.0)),
+    ("leaky_relu", [_X3], [0], lambda F, x: F.leaky_relu(x, 0.2)),
+    ("normalize", [_X3], [0], lambda F, x: F.normalize(x)),
+    ("normalize_p1_last", [_X3], [0], lambda F, x: F.normalize(x, p=1.0, dim=-1)),
+    ("rms_norm", [_X3, _R.random(3)], [0, 1], lambda F, x, w: F.rms_norm(x, (3,), w)),
+    ("rms_norm_2d_eps", [_X3], [0], lambda F, x: F.rms_norm(x, (5, 3), eps=1e-3)),
+    ("pad_constant", [_X3], [0], lambda F, x: F.pad(x, (1, 2, -1, 1), value=0.5)),
+    ("pad_reflect", [_X3], [0], lambda F, x: F.pad(x, (2, 1), mode="reflect")),
+    ("pad_replicate", [_X3], [0], lambda F, x: F.pad(x, (1, 2, 2, 0), mode="replicate")),
+    ("pad_circular", [_X3], [0], lambda F, x: F.pad(x, (1, 2), mode="circular")),
+]
+
+
+@pytest.mark.parametrize("name, arrays, wrt, call", TORCH_CASES,
+                         ids=[c[0] for c in TORCH_CASES])
+def test_functional_matches_torch(mesh, name, arrays, wrt, call):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as TF
+    tt = [torch.tensor(a, requires_grad=i in wrt) for i, a in enumerate(arrays)]
+    expected = call(TF, *tt)
+    expected.sum().backward()
+    first = arrays[0]
+    for sbp in _sbps(mesh, *(S(d) for d in range(first.ndim)), B):
+        xs = [_t(a, mesh, sbp if i == 0 else (B,) * mesh.ndim, i in wrt)
+              for i, a in enumerate(arrays)]
+        got = call(F, *xs)
+        np.testing.assert_allclose(got.numpy(), expected.detach().numpy(), rtol=1e-10,
+                                   atol=1e-12, err_msg=f"{name} {sbp}")
+        got.sum().backward()
+        for i in wrt:
+            assert xs[i].grad.sbp == xs[i].sbp
+            np.testing.assert_allclose(xs[i].grad.numpy(), tt[i].grad.numpy(), rtol=1e-9,
+                                       atol=1e-12, err_msg=f"{name} grad {i} {sbp}")
+
+
+def test_label_smoothing_against_numpy(mesh):
+    # (1 - e) * w[t] * nll + e / C * sum_c -w_c log p_c, mean over the summed w[t]
+    rng = np.random.default_rng(22)
+    x, t, w, e = rng.standard_normal((6, 4)), rng.integers(0, 4, 6), rng.random(4) + 0.5, 0.2
+    t[3] = -100
+    logp = _log_softmax_np(x, -1)
+    valid = t != -100
+    tw = np.where(valid, w[np.where(valid, t, 0)], 0.0)
+    nll = -np.take_along_axis(logp, np.where(valid, t, 0)[:, None], -1)[:, 0] * tw
+    smooth = np.where(valid, -(logp * w).sum(-1), 0.0)
+    expected = ((1 - e) * nll + e / 4 * smooth).sum() / tw.sum()
+    for sbp in _sbps(mesh, S(1), S(0), B):
+        got = F.cross_entropy(_t(x, mesh, sbp), _t(t, mesh, (B,) * mesh.ndim),
+                              weight=_t(w, mesh, (B,) * mesh.ndim), label_smoothing=e)
+        np.testing.assert_allclose(got.item(), expected, rtol=1e-12)
+
+
+def test_label_smoothing_on_split_classes_never_gathers(mesh):
+    rng = np.random.default_rng(23)
+    n, c = 4, 32768
+    lt = _t(rng.standard_normal((n, c)), mesh, (S(1),) * mesh.ndim, True)
+    tt = _t(rng.integers(0, c, n), mesh, (B,) * mesh.ndim)
+    with ct.debug.comm_log() as log:
+        F.cross_entropy(lt, tt, label_smoothing=0.1).backward()
+    logits_bytes = min(lt._layout.local_nbytes(r) for r in mesh.rank_list)
+    assert "all_gather" not in log.collectives() and "all_to_all" not in log.collectives()
+    assert all(e.nbytes < logits_bytes for e in log if e.collective in log.collectives())
+    assert lt.grad.sbp == lt.sbp
+
+
+def test_one_hot_pad_and_activations_against_numpy(mesh):
+    ids = np.array([[0, 3], [2, 2], [1, 0]])
+    for sbp in _sbps(mesh, S(0), S(1), B):
+        out = F.one_hot(_t(ids, mesh, sbp), 4)
+        assert out.dtype == np.int64 and out.sbp == sbp
+        np.testing.assert_array_equal(out.numpy(), np.eye(4, dtype=np.int64)[ids])
+    np.testing.assert_array_equal(F.one_hot(_t(ids, mesh, (B,) * mesh.ndim)).numpy(),
+                                  np.eye(4)[ids])
+    x = np.arange(6.0).reshape(2, 3)
+    for sbp in _sbps(mesh, S(0), S(1), B):
+        xt = _t(x, mesh, sbp)
+        np.testing.assert_array_equal(F.pad(xt, (1, 2), value=-1.0).numpy(),
+                                      np.pad(x, ((0, 0), (1, 2)), constant_values=-1.0))
+        np.testing.assert_array_equal(F.pad(xt, (2, 1, 1, 0), mode="reflect").numpy(),
+                                      np.pad(x, ((1, 0), (2, 1)), mode="reflect"))
+        np.testing.assert_array_equal(F.pad(xt, (1, 1), mode="replicate").numpy(),
+                                      np.pad(x, ((0, 0), (1, 1)), mode="edge"))
+        np.testing.assert_array_equal(F.pad(xt, (1, 2), mode="circular").numpy(),
+                                      np.pad(x, ((0, 0), (1, 2)), mode="wrap"))
+        np.testing.assert_allclose(F.silu(xt).numpy(), x / (1 + np.exp(-x)), rtol=1e-14)
+        np.testing.assert_allclose(F.normalize(xt, dim=1).numpy(),
+                                   x / np.linalg.norm(x, axis=1, keepdims=True), rtol=1e-14)
+
+
+def test_new_functional_errors():
+    x = ct.zeros(4, 3)
+    with pytest.raises(ValueError, match="pad: argument 'pad' must hold an even number"):
+        F.pad(x, (1, 2, 3))
+    with pytest.raises(ValueError, match="pad: argument 'mode' is 'wrap'"):
+        F.pad(x, (1, 1), mode="wrap")
+    with pytest.raises(ValueError, match="pad: mode 'reflect' pads dim 1 of size 3"):
+        F.pad(x, (3, 0), mode="reflect")
+    with pytest.raises(TypeError, match="one_hot: argument 'tensor' must be an integer"):
+        F.one_hot(x)
+    with pytest.raises(ValueError, match="one_hot: argument 'num_classes' is 2"):
+        F.one_hot(ct.tensor(np.array([0, 2])), 2)
+    with pytest.raises(ValueError, match="cross_entropy: argument 'label_smoothing'"):
+        F.cross_entropy(x, ct.zeros(4, dtype=np.int64), label_smoothing=1.5)
+    with pytest.raises(ValueError, match=r"cross_entropy: argument 'weight' has shape \(4,\)"):
+        F.cross_entropy(x, ct.zeros(4, dtype=np.int64), weight=ct.ones(4))
+    with pytest.raises(ValueError, match="rms_norm: argument 'normalized_shape'"):
+        F.rms_norm(x, (4,))
+    with pytest.warns(UserWarning, match="mse_loss: using a target size"):
+        F.mse_loss(x, ct.zeros(3))
+    # PyTorch's deprecated size_average / reduce still map onto reduction
+    assert F.l1_loss(ct.ones(2, 2), ct.zeros(2, 2), reduce=False).shape == (2, 2)
+    assert F.l1_loss(ct.ones(2, 2), ct.zeros(2, 2), size_average=False).item() == 4.0

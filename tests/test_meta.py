@@ -253,7 +253,8 @@ def _pipeline_step(meta: bool):
               for _ in range(4)]
         with ct.debug.comm_log() as log:
             loss = nn.pipeline.pipeline_step(
-                stages, xs, lambda out, y: scaler.scale(F.cross_entropy(out, y)), ys)
+                stages, xs,
+                lambda out, y: scaler.scale(F.cross_entropy(out.flatten(0, -2), y.flatten())), ys)
             scaler.unscale_(opt)
             nn.utils.clip_grad_norm_(params, 1.0, error_if_nonfinite=True)
             scaler.step(opt)

@@ -323,3 +323,257 @@ def test_parallel_helpers_apply_layouts(world4):
         nn.parallel.tensor_parallel(nn.MLP(4), mesh2d)
     with pytest.raises(ValueError, match="dp_axis"):
         nn.parallel.batch_sbp(line, dp_axis=1)
+
+
+# ----------------------------------------------------------------------------- PyTorch's names
+def test_tensor_parallel_of_a_user_module_names_the_replicated_linears(mesh):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up, self.down, self.mlp = nn.Linear(4, 8), nn.Linear(8, 4, bias=False), \
+                nn.MLP(4)
+
+        def forward(self, x):
+            return self.mlp(self.down(self.up(x)))
+
+    net = Net()
+    before = {n: p.placement for n, p in net.named_parameters()}
+    with ct.debug.comm_log() as log:
+        with pytest.raises(ValueError, match=r"tensor_parallel: no tensor-parallel rule for "
+                                             r"the Linear layers \['up', 'down'\] of Net.*"
+                                             r"'up.weight': ct.sbp.split\(0\), 'up.bias': "
+                                             r"ct.sbp.split\(0\), 'down.weight': "
+                                             r"ct.sbp.split\(1\)"):
+            nn.parallel.tensor_parallel(net, ct.placement("cpu", mesh.rank_list))
+        if mesh.ndim == 2:
+            with pytest.raises(ValueError, match="hybrid_parallel: no tensor-parallel rule"):
+                nn.parallel.hybrid_parallel(net, mesh)
+    assert log.collectives() == [] and before == {n: p.placement
+                                                 for n, p in net.named_parameters()}
+    # the fix the message gives works
+    line = ct.placement("cpu", mesh.rank_list)
+    net.to_global(line, {**nn.parallel.tensor_parallel_rules(net), "up.weight": S(0),
+                         "up.bias": S(0), "down.weight": S(1)})
+    assert net.up.weight.sbp == (S(0),) and net.mlp.proj.weight.sbp == (S(1),)
+
+
+def test_apply_half_and_init_like_nanogpt():
+    seen = []
+    seq = nn.Sequential(nn.Linear(3, 4), nn.Sequential(nn.ReLU(), nn.Linear(4, 2)))
+    seq.apply(lambda m: seen.append(type(m).__name__))
+    assert seen == ["Linear", "ReLU", "Linear", "Sequential", "Sequential"]  # children first
+
+    def init_weights(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    assert seq.apply(init_weights) is seq
+    assert np.all(seq[0].bias.numpy() == 0) and abs(seq[0].weight.numpy()).max() < 0.2
+    assert seq.half() is seq and all(p.dtype == np.float16 for p in seq.parameters())
+    assert all(p.dtype == np.float64 for p in seq.double().parameters())
+    with pytest.raises(TypeError, match="Module.apply: argument 'fn' must be callable"):
+        seq.apply(3)
+
+
+INITS = [
+    ("uniform_", lambda t: nn.init.uniform_(t, -0.5, 2.0)),
+    ("normal_", lambda t: nn.init.normal_(t, 1.0, 0.1)),
+    ("trunc_normal_", lambda t: nn.init.trunc_normal_(t, std=1.0, a=-1.0, b=0.5)),
+    ("xavier_uniform_", lambda t: nn.init.xavier_uniform_(t, gain=2.0)),
+    ("xavier_normal_", lambda t: nn.init.xavier_normal_(t)),
+    ("kaiming_uniform_", lambda t: nn.init.kaiming_uniform_(t, a=math.sqrt(5))),
+    ("kaiming_normal_", lambda t: nn.init.kaiming_normal_(t, mode="fan_out",
+                                                          nonlinearity="relu")),
+]
+
+
+@pytest.mark.parametrize("name, fill", INITS, ids=[n for n, _ in INITS])
+def test_init_is_layout_independent(mesh, name, fill):
+    ct.manual_seed(5)
+    one = fill(nn.Parameter(ct.zeros(7, 5)))
+    for sbp in [(S(0),) * mesh.ndim, (S(1),) * mesh.ndim, (B,) * mesh.ndim]:
+        ct.manual_seed(5)
+        p = nn.Parameter(ct.zeros(7, 5, placement=mesh, sbp=sbp))
+        assert fill(p) is p and p.sbp == sbp
+        assert_layout(p, one.numpy(), rtol=0, atol=0)
+
+
+def test_init_distributions_and_fans():
+    torch = pytest.importorskip("torch")
+    ct.manual_seed(0)
+    w = nn.Parameter(ct.zeros(300, 200, 2))   # fan_in 400, fan_out 600
+    a = nn.init.xavier_uniform_(w).numpy()
+    bound = math.sqrt(6 / 1000)
+    assert -bound <= a.min() and a.max() <= bound and a.max() > 0.99 * bound
+    assert abs(a.std() / (bound / math.sqrt(3)) - 1) < 0.02
+    assert abs(nn.init.kaiming_normal_(w, mode="fan_out").numpy().std() /
+               (math.sqrt(2 / (1 + 0.01 ** 2)) / math.sqrt(600)) - 1) < 0.02
+    t = nn.init.trunc_normal_(w, mean=0.2, std=1.0, a=-1.0, b=0.5).numpy()
+    assert t.min() >= -1.0 and t.max() <= 0.5
+    ref = torch.nn.init.trunc_normal_(torch.empty(300, 200, 2, dtype=torch.float64),
+                                      mean=0.2, std=1.0, a=-1.0, b=0.5)
+    assert abs(t.mean() - float(ref.mean())) < 0.01 and abs(t.std() - float(ref.std())) < 0.01
+    for nl, param in [("relu", None), ("tanh", None), ("leaky_relu", 0.2), ("selu", None),
+                      ("linear", None), ("sigmoid", None)]:
+        assert nn.init.calculate_gain(nl, param) == pytest.approx(
+            torch.nn.init.calculate_gain(nl, param))
+    b = nn.init.constant_(nn.Parameter(ct.zeros(3)), 0.25)
+    assert b.numpy().tolist() == [0.25] * 3 and nn.init.ones_(b).numpy().tolist() == [1] * 3
+    with pytest.raises(ValueError, match="xavier_uniform_: fan in and fan out"):
+        nn.init.xavier_uniform_(b)
+    with pytest.raises(ValueError, match="kaiming_uniform_: argument 'mode'"):
+        nn.init.kaiming_uniform_(w, mode="fan")
+    with pytest.raises(ValueError, match="trunc_normal_: .* holds"):
+        nn.init.trunc_normal_(b, a=5.0, b=6.0)
+
+
+def _torch_copy(torch_module, module):
+    """Load a torch module's state_dict into the ctensor module (float64)."""
+    module.load_state_dict({k: v.detach().numpy() for k, v in
+                            torch_module.state_dict().items()})
+
+
+def _compare_grads(torch_module, module):
+    got = dict(module.named_parameters())
+    for name, p in torch_module.named_parameters():
+        np.testing.assert_allclose(got[name].grad.numpy(), p.grad.numpy(), rtol=1e-9,
+                                   atol=1e-12, err_msg=name)
+
+
+def test_rmsnorm_and_activation_modules_match_torch(mesh):
+    torch = pytest.importorskip("torch")
+    x = RNG.standard_normal((4, 3, 6))
+    for sbp in [(S(0),) * mesh.ndim, (S(2),) * mesh.ndim]:
+        for kwargs in [dict(), dict(eps=1e-3), dict(elementwise_affine=False)]:
+            tm = torch.nn.RMSNorm(6, dtype=torch.float64, **kwargs)
+            if tm.weight is not None:
+                torch.nn.init.normal_(tm.weight)
+            cm = nn.RMSNorm(6, dtype=np.float64, **kwargs)
+            _torch_copy(tm, cm)
+            cm.to_global(mesh, (B,) * mesh.ndim)
+            tx = torch.tensor(x, requires_grad=True)
+            cx = ct.tensor(x, placement=mesh, sbp=sbp, requires_grad=True)
+            ty, cy = tm(tx), cm(cx)
+            np.testing.assert_allclose(cy.numpy(), ty.detach().numpy(), rtol=1e-12)
+            g = RNG.standard_normal(x.shape)
+            (ty * torch.tensor(g)).sum().backward()
+            (cy * ct.tensor(g, placement=mesh)).sum().backward()
+            np.testing.assert_allclose(cx.grad.numpy(), tx.grad.numpy(), rtol=1e-9,
+                                       atol=1e-12)
+            if tm.weight is not None:
+                _compare_grads(tm, cm)
+    for tmod, cmod in [(torch.nn.SiLU(), nn.SiLU()), (torch.nn.Tanh(), nn.Tanh()),
+                       (torch.nn.Sigmoid(), nn.Sigmoid()), (torch.nn.Softmax(-1), nn.Softmax(-1)),
+                       (torch.nn.LogSoftmax(1), nn.LogSoftmax(1)),
+                       (torch.nn.Softplus(2.0), nn.Softplus(2.0)),
+                       (torch.nn.LeakyReLU(0.1), nn.LeakyReLU(0.1)),
+                       (torch.nn.Flatten(), nn.Flatten()),
+                       (torch.nn.Flatten(0, 1), nn.Flatten(0, 1))]:
+        cx = ct.tensor(x, placement=mesh, sbp=(S(0),) * mesh.ndim)
+        np.testing.assert_allclose(cmod(cx).numpy(), tmod(torch.tensor(x)).numpy(),
+                                   rtol=1e-12, err_msg=type(cmod).__name__)
+    assert nn.Unflatten(1, (2, 9))(ct.zeros(4, 18)).shape == (4, 2, 9)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_multihead_attention_matches_torch(mesh, batch_first):
+    torch = pytest.importorskip("torch")
+    n, length, src, e, h = 4, 3, 5, 8, 2
+    tm = torch.nn.MultiheadAttention(e, h, batch_first=batch_first, dtype=torch.float64)
+    torch.nn.init.normal_(tm.in_proj_bias)
+    cm = nn.MultiheadAttention(e, h, batch_first=batch_first, dtype=np.float64)
+    assert list(cm.state_dict()) == list(tm.state_dict())
+    _torch_copy(tm, cm)
+    cm.to_global(mesh, (B,) * mesh.ndim)
+    bdim = 0 if batch_first else 1
+
+    def shaped(seq):
+        return (n, seq, e) if batch_first else (seq, n, e)
+
+    q, k = RNG.standard_normal(shaped(length)), RNG.standard_normal(shaped(src))
+    attn_mask = RNG.random((length, src)) < 0.3
+    attn_mask[:, 0] = False
+    pad = RNG.random((n, src)) < 0.3
+    pad[:, 1] = False
+    cases = [(q, q, q, {}), (q, k, k, {"attn_mask": attn_mask, "key_padding_mask": pad}),
+             (q, k, k, {"attn_mask": RNG.standard_normal((n * h, length, src)),
+                        "average_attn_weights": False}),
+             (q, k, k, {"key_padding_mask": pad, "need_weights": False})]
+    batch = tuple(S(bdim) if i == 0 else B for i in range(mesh.ndim))
+    for qa, ka, va, kwargs in cases:
+        def args(lib, grad):
+            if lib is torch:
+                ts = [torch.tensor(a, requires_grad=grad) for a in (qa, ka, va)]
+            else:
+                ts = [ct.tensor(a, placement=mesh, sbp=batch, requires_grad=grad)
+                      for a in (qa, ka, va)]
+            if qa is ka:
+                ts = [ts[0]] * 3
+            extra = {key: (val if not isinstance(val, np.ndarray) else
+                           torch.tensor(val) if lib is torch else
+                           ct.tensor(val, placement=mesh)) for key, val in kwargs.items()}
+            return ts, extra
+
+        ts, textra = args(torch, True)
+        cs, cextra = args(ct, True)
+        to, tw = tm(*ts, **textra)
+        co, cw = cm(*cs, **cextra)
+        np.testing.assert_allclose(co.numpy(), to.detach().numpy(), rtol=1e-10, atol=1e-12)
+        if tw is None:
+            assert cw is None
+        else:
+            np.testing.assert_allclose(cw.numpy(), tw.detach().numpy(), rtol=1e-10,
+                                       atol=1e-12)
+        (to.sum() + (0 if tw is None else tw.sum())).backward()
+        (co.sum() + (0 if cw is None else cw.sum())).backward()
+        np.testing.assert_allclose(cs[0].grad.numpy(), ts[0].grad.numpy(), rtol=1e-9,
+                                   atol=1e-12)
+        _compare_grads(tm, cm)
+        tm.zero_grad()
+        cm.zero_grad()
+    with pytest.raises(ValueError, match="is_causal=True is a hint"):
+        cm(*cs, is_causal=True)
+    with pytest.raises(ValueError, match=r"'embed_dim' \(6\) must be divisible"):
+        nn.MultiheadAttention(6, 4)
+
+
+def test_parameter_list_and_dict():
+    plist = nn.ParameterList([nn.Parameter(ct.zeros(2)), ct.ones(3)])
+    plist.append(ct.ones(1))
+    assert len(plist) == 3 and isinstance(plist[1], nn.Parameter) and plist[-1].shape == (1,)
+    holder = nn.Module()
+    holder.experts = plist
+    holder.scales = nn.ParameterDict({"a": nn.Parameter(ct.ones(2))})
+    assert [n for n, _ in holder.named_parameters()] == ["experts.0", "experts.1",
+                                                         "experts.2", "scales.a"]
+    assert [p.shape for p in plist] == [(2,), (3,), (1,)] and "a" in holder.scales
+    with pytest.raises(IndexError, match="ParameterList: index 3 is out of range"):
+        plist[3]
+    with pytest.raises(TypeError, match="ParameterList.append: values must be"):
+        plist.append(3.0)
+
+
+def test_loss_modules_match_functional(mesh):
+    x = ct.tensor(RNG.standard_normal((6, 4)), placement=mesh, sbp=(S(0),) * mesh.ndim)
+    y = ct.tensor(RNG.standard_normal((6, 4)), placement=mesh, sbp=(S(0),) * mesh.ndim)
+    t = ct.tensor(RNG.integers(0, 4, 6), placement=mesh)
+    w = ct.tensor(RNG.random(4) + 0.5, placement=mesh)
+    F = nn.functional
+    ce = nn.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    assert list(ce.state_dict()) == ["weight"]  # a buffer, as PyTorch
+    pairs = [(ce(x, t), F.cross_entropy(x, t, weight=w, label_smoothing=0.1)),
+             (nn.NLLLoss(reduction="sum")(x, t), F.nll_loss(x, t, reduction="sum")),
+             (nn.MSELoss()(x, y), F.mse_loss(x, y)), (nn.L1Loss()(x, y), F.l1_loss(x, y)),
+             (nn.SmoothL1Loss(beta=0.5)(x, y), F.smooth_l1_loss(x, y, beta=0.5)),
+             (nn.HuberLoss(delta=0.5)(x, y), F.huber_loss(x, y, delta=0.5)),
+             (nn.BCEWithLogitsLoss(pos_weight=w)(x, (y > 0).double()),
+              F.binary_cross_entropy_with_logits(x, (y > 0).double(), pos_weight=w)),
+             (nn.BCELoss()(x.sigmoid(), (y > 0).double()),
+              F.binary_cross_entropy(x.sigmoid(), (y > 0).double()))]
+    for got, expected in pairs:
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-14)
+    assert nn.MSELoss(reduction="none")(x, y).shape == (6, 4)
+    with pytest.raises(ValueError, match="MSELoss: argument 'reduction' is 'avg'"):
+        nn.MSELoss(reduction="avg")

@@ -34,7 +34,9 @@ __all__ = ["pick", "softmax_cross_entropy"]
 def last_dim_add(xp, out, index, values):
     """``out[..., index[...]] += values[...]`` (one position per row of the last dim), by
     flat fancy indexing (the same code on NumPy and CuPy)."""
-    rows = out.reshape(-1, out.shape[-1])  # a view: out is freshly made and contiguous
+    if not out.flags.c_contiguous:  # made from a permuted input: reshape would copy
+        out = xp.ascontiguousarray(out)
+    rows = out.reshape(-1, out.shape[-1])  # a view of the contiguous out
     flat = index.reshape(-1)
     rows[xp.arange(flat.shape[0]), flat] += values.reshape(-1)
     return out

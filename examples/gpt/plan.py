@@ -127,7 +127,7 @@ def _one_micro_batch(stages, x, y) -> tuple:
             ins.append(h)
             out = st.module(h)
             if j == n - 1:
-                out = F.cross_entropy(out, y)
+                out = F.cross_entropy(out.flatten(0, -2), y.flatten())
             else:
                 h = out.detach().to_global(stages[j + 1].placement, stages[j + 1].input_sbp)
                 out = ct.autograd.graph_handle(out)

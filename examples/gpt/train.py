@@ -256,7 +256,8 @@ def main(a) -> list:
             bar = None
     log_file = open(a.log_json, "w") if (a.log_json and rank0) else None
     history = []
-    loss_fn = memory.loss_fn(lambda logits, y: F.cross_entropy(logits, y))
+    loss_fn = memory.loss_fn(
+        lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
     t_start = time.perf_counter()
     for step in range(start_step, a.steps):
         t0 = time.perf_counter()
