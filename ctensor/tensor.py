@@ -381,6 +381,7 @@ class Tensor:
     def __and__(self, o): return OPS.logical_and(self, o)
     def __or__(self, o): return OPS.logical_or(self, o)
     def __getitem__(self, index): return OPS.getitem(self, index)
+    def __setitem__(self, index, value): OPS.setitem(self, index, value)  # in place
     # in place, PyTorch's semantics (see ctensor/ops/inplace.py)
     def __iadd__(self, o): return OPS.add_(self, o)
     def __isub__(self, o): return OPS.sub_(self, o)

@@ -6,10 +6,16 @@ Signatures (1-D, per mesh axis):
   reduction over ranks); S(d) -> S(d') only for dims that the index leaves whole
   (``:``), ``d'`` being where that dim lands in the output. A split of a dim that is
   int-indexed or really sliced is not offered: the elements a shard would select do not in
-  general form the output's uneven-rule shard, so boxing gathers that dim first.
-* ``getitem_backward`` (internal): the gradient scattered into zeros of the input's shape,
-  the mirror of ``getitem`` (S(d') -> S(d) for whole dims, B -> B, P -> P): each shard
-  writes its local gradient into the region of the input it holds.
+  general form the output's uneven-rule shard, so boxing gathers that dim first. Indices
+  beyond basic ones (tensors, lists, masks, negative steps) are written with other ops in
+  :mod:`ctensor.ops.advanced_indexing`.
+* ``getitem.scatter`` (the gradient): the gradient scattered into zeros of the input's
+  shape, the mirror of ``getitem`` (S(d') -> S(d) for whole dims, B -> B, P -> P): each
+  shard writes its local gradient into the region of the input it holds.
+* ``getitem.assign`` (``x[index] = v`` for a basic index, out of place; ``v`` has the
+  selection's shape): S(d), B -> S(d) for a dim the index picks from (each rank writes the
+  selected elements inside its part: ``x[:, 0] = v`` of a column-split ``x`` stays local);
+  S(d), S(d') -> S(d) for whole dims; B, B -> B; P, P -> P.
 * ``cat``: S(e)..-> S(e) for e != the cat dim, B..-> B, P..-> P (and P(max)/P(min)).
 """
 from __future__ import annotations
@@ -22,158 +28,53 @@ import numpy as np
 
 from .._args import int_args
 from ..dispatch import as_tensor
+from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, result_dtype, sig
 from .shape import partial_signatures, unsqueeze
+from .advanced_indexing import advanced_getitem, is_advanced
+from .index_parse import (ALL, INT, NEW, IndexOutOfRangeError, local_index, out_shape,
+                          parse_index, whole_dims)
 
-_NEW, _INT, _ALL, _SLICE = "new", "int", "all", "slice"
-
-
-class IndexOutOfRangeError(IndexError, ValueError):
-    """An int index outside its dim: a ``ValueError`` like every bad argument, and an
-    ``IndexError`` so that Python's sequence protocol (``for row in x``) stops on it."""
-
-
-# ----------------------------------------------------------------------------- parsing
-def _index_int(v, what: str) -> int:
-    if isinstance(v, bool):
-        raise TypeError(f"getitem: {what} must be an int or None, got {v!r} (bool)")
-    try:
-        return operator.index(v)
-    except TypeError:
-        given = "a ct.Tensor" if isinstance(v, Tensor) else f"{v!r} ({type(v).__name__})"
-        raise TypeError(f"getitem: {what} must be an int or None, got {given}") from None
-
-
-def parse_index(index, shape: tuple) -> tuple:
-    """Normalise a basic index for ``shape`` into hashable entries, one per output-producing
-    item: ``("new",)`` for None, ``("int", i)`` (i >= 0), ``("all",)`` for a dim kept
-    whole, ``("slice", start, stop, step)`` otherwise. Every input dim gets an entry."""
-    items = index if isinstance(index, tuple) else (index,)
-    for it in items:
-        if it is None or it is Ellipsis or isinstance(it, slice):
-            continue
-        if isinstance(it, bool) or isinstance(it, (Tensor, list, np.ndarray)) or \
-                not hasattr(it, "__index__"):
-            given = (f"a ct.Tensor of shape {tuple(it.shape)}" if isinstance(it, Tensor)
-                     else f"{it!r} ({type(it).__name__})")  # a Tensor's repr would gather
-            raise TypeError(f"getitem: index {given} is not supported; accepted: ints, "
-                            f"slices with positive steps, None, ... and tuples of these "
-                            f"(basic indexing)")
-    if sum(it is Ellipsis for it in items) > 1:
-        raise ValueError(f"getitem: index {index!r} has more than one '...'; accepted: at "
-                         f"most one")
-    used = sum(1 for it in items if it is not None and it is not Ellipsis)
-    if used > len(shape):
-        raise IndexOutOfRangeError(f"getitem: index {index!r} indexes {used} dims but the "
-                                   f"tensor has {len(shape)} (shape {tuple(shape)})")
-    expanded = []
-    for it in items:
-        if it is Ellipsis:
-            expanded += [slice(None)] * (len(shape) - used)
-        else:
-            expanded.append(it)
-    if not any(it is Ellipsis for it in items):
-        expanded += [slice(None)] * (len(shape) - used)
-    entries, d = [], 0
-    for it in expanded:
-        if it is None:
-            entries.append((_NEW,))
-            continue
-        n = shape[d]
-        if isinstance(it, slice):
-            start = None if it.start is None else _index_int(it.start, "a slice start")
-            stop = None if it.stop is None else _index_int(it.stop, "a slice stop")
-            step = 1 if it.step is None else _index_int(it.step, "a slice step")
-            if step <= 0:
-                raise ValueError(f"getitem: slice step {step} on dim {d}; accepted: steps "
-                                 f"> 0")
-            start, stop, step = slice(start, stop, step).indices(n)
-            stop = max(stop, start)
-            whole = start == 0 and stop == n and step == 1
-            entries.append((_ALL,) if whole else (_SLICE, start, stop, step))
-        else:
-            i = _index_int(it, "an index")
-            if not -n <= i < n:
-                raise IndexOutOfRangeError(f"getitem: index {i} is out of range for dim {d} "
-                                           f"of size {n}; accepted: {-n}..{n - 1}")
-            entries.append((_INT, i % n))
-        d += 1
-    return tuple(entries)
-
-
-def _out_shape(entries: tuple, shape: tuple) -> tuple:
-    out, d = [], 0
-    for e in entries:
-        if e[0] == _NEW:
-            out.append(1)
-            continue
-        if e[0] == _ALL:
-            out.append(shape[d])
-        elif e[0] == _SLICE:
-            out.append(len(range(e[1], e[2], e[3])))
-        d += 1
-    return tuple(out)
-
-
-def _whole_dims(entries: tuple) -> list:
-    """``(input dim, output dim)`` of every dim the index keeps whole."""
-    pairs, d, j = [], 0, 0
-    for e in entries:
-        if e[0] == _NEW:
-            j += 1
-        elif e[0] == _INT:
-            d += 1
-        else:
-            if e[0] == _ALL:
-                pairs.append((d, j))
-            d += 1
-            j += 1
-    return pairs
-
-
-def _local_index(entries: tuple) -> tuple:
-    """The NumPy index of the local selection: whole dims take the shard as it is (so a
-    split of them needs no offset); the trailing ``...`` keeps 0-d results arrays."""
-    out = []
-    for e in entries:
-        out.append(None if e[0] == _NEW else e[1] if e[0] == _INT else
-                   slice(None) if e[0] == _ALL else slice(e[1], e[2], e[3]))
-    return tuple(out) + (Ellipsis,)
-
+__all__ = ["getitem", "narrow", "split", "chunk", "cat", "stack", "IndexOutOfRangeError"]
 
 # ----------------------------------------------------------------------------- getitem
 def _getitem_signatures(layouts, index):
-    cands = [sig([B], B)] + [sig([S(d)], S(j)) for d, j in _whole_dims(index)]
+    cands = [sig([B], B)] + [sig([S(d)], S(j)) for d, j in whole_dims(index)]
     return cands + partial_signatures(layouts)
 
 
 def _scatter_signatures(layouts, index, shape):
-    cands = [sig([B], B)] + [sig([S(j)], S(d)) for d, j in _whole_dims(index)]
+    cands = [sig([B], B)] + [sig([S(j)], S(d)) for d, j in whole_dims(index)]
     return cands + partial_signatures(layouts, (P,))
 
 
 def _scatter_kernel(xp, g, index, shape, ctx):
     out = xp.zeros(tuple(b - a for a, b in ctx.out_region(0)), dtype=g.dtype)
-    out[_local_index(index)] = g
+    out[local_index(index)] = g
     return out
 
 
-@defop(kernel=lambda xp, x, index: x[_local_index(index)],
-       meta=lambda layouts, index: [(_out_shape(index, layouts[0].shape), layouts[0].dtype)],
+@defop(kernel=lambda xp, x, index: x[local_index(index)],
+       meta=lambda layouts, index: [(out_shape(index, layouts[0].shape), layouts[0].dtype)],
        signatures=_getitem_signatures, view=True, saves=(),
        backward=lambda ctx, g: (ctx.op.grads["scatter"](g, index=ctx.attrs["index"],
                                                         shape=tuple(ctx.inputs[0].shape)),))
 def getitem(op, x, index):
-    """Basic indexing ``x[index]``: ints (negative too), slices with positive steps,
-    ``None`` and ``...``, or a tuple of them. Dims taken whole keep their split.
+    """``x[index]``: ints (negative too), slices (negative steps as NumPy takes them),
+    ``None`` and ``...``, integer and bool tensors, lists and arrays, or a tuple of them
+    (PyTorch's rules, see :mod:`ctensor.ops.advanced_indexing`). Dims taken whole keep
+    their split.
 
     >>> x[0, 1:5:2, None, ...]
+    >>> x[x > 0]; x[:, idx]; x[rows, cols]; x[..., ::-1]
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"getitem: expected a ct.Tensor, got {type(x).__name__}")
+    if is_advanced(index):
+        return advanced_getitem(x, index)
     entries = parse_index(index, tuple(x.shape))
-    if all(e[0] == _ALL for e in entries):
+    if all(e[0] == ALL for e in entries):
         return x
     return op(x, index=entries)
 
@@ -184,6 +85,64 @@ getitem.op.grad_kernel(
     meta=lambda layouts, index, shape: [(tuple(shape), layouts[0].dtype)],
     signatures=_scatter_signatures,
     backward=lambda ctx, g: (getitem.op(g, index=ctx.attrs["index"]),))
+
+
+# ----------------------------------------------------------------------------- assign
+def _assign_signatures(layouts, index):
+    x, _ = layouts
+    # masked writes for the dims the index picks from; whole dims travel with v's (S(d), B
+    # for one of them on a mesh axis and S(d), S(j) on another would not line up)
+    whole = whole_dims(index)
+    cands = [sig([B, B], B)] + [sig([S(d), B], S(d)) for d in range(x.ndim)
+                                if d not in {w for w, _ in whole}]
+    cands += [sig([S(d), S(j)], S(d)) for d, j in whole]
+    return cands + ([sig([P, P], P)] if x.dtype.kind != "b" else [])
+
+
+def _assign_kernel(xp, x, v, index, ctx):
+    """``x`` with the selected elements inside this shard's region replaced by the matching
+    elements of ``v``: per input dim, the selected global positions that fall in the region
+    and, along ``v``'s dim, where they sit in the selection."""
+    out = x.copy()
+    x_region, v_region = ctx.in_region(0), ctx.in_region(1)
+    x_pos, v_pos, d, j = [], [], 0, 0
+    for e in index:
+        if e[0] == NEW:
+            v_pos.append(xp.zeros(1, dtype=np.int64))
+            j += 1
+            continue
+        lo, hi = x_region[d]
+        if e[0] == INT:
+            chosen = xp.asarray([e[1]])
+        elif e[0] == ALL:
+            chosen = xp.arange(lo, hi)
+        else:
+            chosen = xp.arange(e[1], e[2], e[3])
+        inside = (chosen >= lo) & (chosen < hi)
+        x_pos.append(chosen[inside] - lo)
+        if e[0] != INT:
+            rank_in_selection = chosen if e[0] == ALL else xp.arange(chosen.shape[0])
+            v_pos.append(rank_in_selection[inside] - v_region[j][0])
+            j += 1
+        d += 1
+    if any(p.shape[0] == 0 for p in x_pos):
+        return out
+    values = v[xp.ix_(*v_pos)] if v_pos else v
+    out[xp.ix_(*x_pos)] = values.reshape(tuple(p.shape[0] for p in x_pos))
+    return out
+
+
+def _assign_backward(ctx, g):
+    index = ctx.attrs["index"]
+    zero = OPS.to(as_tensor([g, 0.0], "setitem")[1], g.dtype)
+    zeros = OPS.expand(zero, *out_shape(index, tuple(g.shape)))
+    return getitem.op.grads["assign"](g, zeros, index=index), getitem.op(g, index=index)
+
+
+getitem.op.grad_kernel(
+    "assign", _assign_kernel, needs_ctx=True, saves=(),
+    meta=lambda layouts, index: [(tuple(layouts[0].shape), layouts[0].dtype)],
+    signatures=_assign_signatures, backward=_assign_backward)
 
 
 @defop(method=True)

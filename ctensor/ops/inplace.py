@@ -27,7 +27,9 @@ from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import defop
 
-__all__ = ["add_", "sub_", "mul_", "div_", "pow_", "clamp_", "neg_", "fill_", "zero_", "copy_"]
+__all__ = ["add_", "sub_", "mul_", "div_", "pow_", "clamp_", "neg_", "fill_", "zero_", "copy_",
+           "masked_fill_", "index_add_", "index_copy_", "index_fill_", "scatter_",
+           "scatter_add_"]
 
 _KIND_ORDER = "biufc"
 
@@ -170,3 +172,59 @@ def copy_(dst: Tensor, src) -> Tensor:
     if src.dtype.kind != dst.dtype.kind:  # copy_ casts across kinds, like PyTorch
         src = OPS.to(src, dst.dtype)
     return write("copy_", dst, src)
+
+
+# ----------------------------------------------------------------------------- indexed writes
+@defop(method=True)
+def masked_fill_(x, mask, value):
+    """``value`` where the bool ``mask`` (broadcastable to ``x``) is True, in place.
+
+    >>> scores.masked_fill_(~keep, float("-inf"))
+    """
+    return update("masked_fill_", x, lambda t: OPS.masked_fill(t, mask, value))
+
+
+@defop(method=True)
+def index_add_(x, dim: int, index, source, *, alpha=1):
+    """:func:`ct.index_add` in place (returns ``x``).
+
+    >>> out.index_add_(0, token_ids, expert_out)
+    """
+    return update("index_add_", x, lambda t: OPS.index_add(t, dim, index, source, alpha=alpha))
+
+
+@defop(method=True)
+def index_copy_(x, dim: int, index, source):
+    """:func:`ct.index_copy` in place (returns ``x``).
+
+    >>> cache.index_copy_(1, positions, new_keys)
+    """
+    return update("index_copy_", x, lambda t: OPS.index_copy(t, dim, index, source))
+
+
+@defop(method=True)
+def index_fill_(x, dim: int, index, value):
+    """:func:`ct.index_fill` in place (returns ``x``).
+
+    >>> x.index_fill_(1, [0, 2], 0.0)
+    """
+    return update("index_fill_", x, lambda t: OPS.index_fill(t, dim, index, value))
+
+
+@defop(method=True)
+def scatter_(x, dim: int, index, src=None, *, value=None, reduce=None):
+    """:func:`ct.scatter` in place (returns ``x``).
+
+    >>> one_hot.scatter_(1, labels[:, None], 1.0)
+    """
+    return update("scatter_", x, lambda t: OPS.scatter(t, dim, index, src, value=value,
+                                                       reduce=reduce))
+
+
+@defop(method=True)
+def scatter_add_(x, dim: int, index, src):
+    """:func:`ct.scatter_add` in place (returns ``x``).
+
+    >>> counts.scatter_add_(0, labels, ones)
+    """
+    return update("scatter_add_", x, lambda t: OPS.scatter_add(t, dim, index, src))
