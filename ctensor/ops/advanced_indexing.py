@@ -39,7 +39,7 @@ from .. import autograd
 from ..dispatch import as_tensor
 from ..registry import OPS
 from ..tensor import Tensor
-from . import inplace
+from .inplace import update as update_in_place
 from ._rules import defop
 from .index_parse import ALL, IndexOutOfRangeError, out_shape, parse_index
 from .selection import index_add, index_copy, index_select, nonzero_positions
@@ -354,7 +354,7 @@ def setitem(x, index, value):
 
     >>> x[:, 0] = 0; x[x > 1] = 1.0; x[idx] = rows
     """
-    return inplace.update("setitem", x, lambda t: assigned(t, index, value))
+    return update_in_place("setitem", x, lambda t: assigned(t, index, value))
 
 
 def _indices(opname: str, indices) -> tuple:
@@ -382,5 +382,5 @@ def index_put_(input, indices, values, accumulate: bool = False):  # noqa: A002
     >>> x.index_put_((idx,), src, accumulate=True)
     """
     index = _indices("index_put_", indices)
-    return inplace.update("index_put_", input,
+    return update_in_place("index_put_", input,
                           lambda t: assigned(t, index, values, bool(accumulate), "index_put_"))
