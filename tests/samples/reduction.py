@@ -44,6 +44,23 @@ def _logsumexp(a, axis, keepdims=False):
     return out if keepdims else np.squeeze(out, axis)
 
 
+def _cumprod_grad_ref(g, x, axis=1):
+    """sum_j g_j d(prod_{k<=j} x_k)/dx_i, brute force (the product without x_i)."""
+    g, x = np.moveaxis(g, axis, -1), np.moveaxis(x, axis, -1)
+    out = np.zeros_like(x)
+    n = x.shape[-1]
+    for i in range(n):
+        for j in range(i, n):
+            others = np.prod(np.delete(x[..., :j + 1], i, axis=-1), axis=-1)
+            out[..., i] += g[..., j] * others
+    return np.moveaxis(out, -1, axis)
+
+
+def _diff_ref(a, n=1, axis=-1, prepend=None):
+    return np.diff(a, n=n, axis=axis, prepend=prepend) if prepend is not None else \
+        np.diff(a, n=n, axis=axis)
+
+
 def _no_ties(rng, shape, i):
     return _distinct(rng, shape, i) + 0.05 * i
 
@@ -83,6 +100,22 @@ SAMPLES = [
     Sample("logsumexp", lambda a: ct.logsumexp(a * 30.0, (0, 1), keepdim=True),
            lambda a: _logsumexp(a * 30.0, (0, 1), keepdims=True), [(4, 3, 2)],
            name="logsumexp_dims_large"),
+    # cumprod (exact gradient with zeros) and diff (slices and a sub)
+    Sample("cumprod", lambda a: a.cumprod(1), lambda a: np.cumprod(a, 1), [(4, 3)],
+           make=_with_zeros),
+    Sample("cumprod", lambda a: ct.cumprod(a, dim=0), lambda a: np.cumprod(a, 0), [(4, 3, 2)],
+           name="cumprod_dim0"),
+    Sample("cumprod", lambda a: a.cumprod(0), lambda a: np.cumprod(a, 0), [(4, 3)],
+           make=lambda r, s, i: r.integers(-3, 4, s).astype(np.int32), grad=(),
+           name="cumprod_int"),
+    Sample("cumprod.grad", lambda g, x: ct.cumprod.op.grads["grad"](g, x, dim=1),
+           _cumprod_grad_ref, [(4, 3), (4, 3)], make=_prod_grad_inputs, grad=()),
+    Sample("diff", lambda a: a.diff(), lambda a: np.diff(a), [(4, 3)]),
+    Sample("diff", lambda a: ct.diff(a, n=2, dim=0), lambda a: np.diff(a, 2, 0), [(4, 3)],
+           name="diff_n2_dim0"),
+    Sample("diff", lambda a, b: ct.diff(a, dim=0, prepend=b),
+           lambda a, b: np.diff(a, axis=0, prepend=b), [(4, 3), (2, 3)], grad=(0, 1),
+           name="diff_prepend"),
     Sample("max", lambda a, b: ct.max(a, b), np.maximum, [(4, 3), (3,)], make=_no_ties,
            grad=(0, 1), name="max_elementwise"),
     Sample("min", lambda a, b: a.min(b), np.minimum, [(4, 3), (4, 3)], make=_no_ties,
