@@ -1,4 +1,4 @@
-"""``clip_grad_norm_`` and ``checkpoint`` (activation recompute).
+"""``clip_grad_norm_``, ``clip_grad_value_`` and ``checkpoint`` (activation recompute).
 
 ``clip_grad_norm_``: the norm is computed with ctensor ops, so each parameter's contribution is reduced over
 its own shards by dispatch (a split gradient gives a partial sum; a broadcast one is
@@ -12,7 +12,7 @@ from typing import Iterable, Union
 
 import ctensor as ct
 
-__all__ = ["clip_grad_norm_", "checkpoint", "is_recomputing"]
+__all__ = ["clip_grad_norm_", "clip_grad_value_", "checkpoint", "is_recomputing"]
 
 
 def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm: float,
@@ -60,6 +60,27 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
             scale = coef.to_global(g.placement, (ct.sbp.broadcast,) * g.placement.ndim)
             g.copy_(g * scale.to(g.dtype))
     return total
+
+
+def clip_grad_value_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], clip_value: float,
+                     foreach=None) -> None:
+    """Clamp every gradient in place to ``[-clip_value, clip_value]`` (PyTorch's; ``foreach``
+    is accepted and changes nothing). Each gradient keeps its layout; a partial one (inside
+    ``no_sync``) is reduced first, since a clamp of partial sums is not the clamp of the sum.
+
+    >>> nn.utils.clip_grad_value_(model.parameters(), 0.5)
+    """
+    if isinstance(parameters, ct.Tensor):
+        parameters = [parameters]
+    if isinstance(clip_value, bool) or not isinstance(clip_value, (int, float)) or \
+            not clip_value >= 0:
+        raise ValueError(f"clip_grad_value_: argument 'clip_value' must be a number >= 0, got "
+                         f"{clip_value!r}")
+    clip_value = float(clip_value)
+    with ct.no_grad():
+        for p in parameters:
+            if p.grad is not None:
+                p.grad.clamp_(-clip_value, clip_value)
 
 
 # ----------------------------------------------------------------------------- recompute

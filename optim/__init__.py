@@ -7,9 +7,11 @@
 from .optimizer import Optimizer
 from .sgd import SGD
 from .adam import Adam, AdamW
-from .lr_scheduler import LRScheduler, StepLR, CosineAnnealingLR, LambdaLR, cosine_with_warmup
+from .lr_scheduler import (LRScheduler, StepLR, ExponentialLR, LinearLR, CosineAnnealingLR,
+                           LambdaLR, OneCycleLR, SequentialLR, cosine_with_warmup)
 from .grad_scaler import GradScaler
 from . import lr_scheduler
 
-__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LRScheduler", "StepLR", "CosineAnnealingLR",
-           "LambdaLR", "cosine_with_warmup", "lr_scheduler", "GradScaler"]
+__all__ = ["Optimizer", "SGD", "Adam", "AdamW", "LRScheduler", "StepLR", "ExponentialLR",
+           "LinearLR", "CosineAnnealingLR", "LambdaLR", "OneCycleLR", "SequentialLR",
+           "cosine_with_warmup", "lr_scheduler", "GradScaler"]

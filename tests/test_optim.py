@@ -382,3 +382,138 @@ def test_clip_grad_norm_across_placements(world4):
     np.testing.assert_allclose(float(norm), total, rtol=1e-12)
     np.testing.assert_allclose(b.grad.numpy(), GRADS[0][1] * 0.5 / (total + 1e-6), rtol=1e-12)
     assert b.grad.placement == second and b.grad.sbp == (S(0), B)
+
+
+# ----------------------------------------------------------------------------- PyTorch's schedulers
+def _two_group_opts(torch, kind):
+    """A ctensor optimizer and a torch one with the same two parameter groups."""
+    ours = [nn.Parameter(ct.zeros(2)), nn.Parameter(ct.zeros(3))]
+    theirs = [torch.zeros(2, requires_grad=True), torch.zeros(3, requires_grad=True)]
+    if kind == "sgd":
+        make = lambda params, lib: lib.SGD([{"params": [params[0]]},  # noqa: E731
+                                            {"params": [params[1]], "lr": 0.5}],
+                                           lr=0.1, momentum=0.9)
+    else:
+        make = lambda params, lib: lib.AdamW([{"params": [params[0]]},  # noqa: E731
+                                              {"params": [params[1]], "lr": 0.02}],
+                                             lr=0.01, betas=(0.9, 0.99))
+    return make(ours, optim), make(theirs, torch.optim)
+
+
+def _trace(opt, sched, steps):
+    rows = []
+    for _ in range(steps):
+        rows.append([(g["lr"], g.get("momentum"), g.get("betas")) for g in opt.param_groups])
+        sched.step()
+    return rows
+
+
+SCHEDULES = {
+    "exponential": lambda lib, opt: lib.ExponentialLR(opt, gamma=0.9),
+    "linear": lambda lib, opt: lib.LinearLR(opt),
+    "linear_down": lambda lib, opt: lib.LinearLR(opt, start_factor=1.0, end_factor=0.05,
+                                                 total_iters=7),
+    "onecycle": lambda lib, opt: lib.OneCycleLR(opt, max_lr=[0.3, 0.6], total_steps=20),
+    "onecycle_linear_3": lambda lib, opt: lib.OneCycleLR(
+        opt, max_lr=0.3, epochs=4, steps_per_epoch=5, pct_start=0.25, three_phase=True,
+        anneal_strategy="linear", div_factor=10.0, final_div_factor=100.0),
+    "onecycle_no_momentum": lambda lib, opt: lib.OneCycleLR(opt, 0.2, total_steps=24,
+                                                            cycle_momentum=False),
+    "sequential": lambda lib, opt: lib.SequentialLR(
+        opt, [lib.LinearLR(opt, start_factor=0.1, total_iters=4),
+              lib.ExponentialLR(opt, gamma=0.8), lib.StepLR(opt, step_size=3, gamma=0.5)],
+        milestones=[4, 9]),
+    "sequential_cosine": lambda lib, opt: lib.SequentialLR(
+        opt, [lib.LinearLR(opt, start_factor=0.5, total_iters=3),
+              lib.CosineAnnealingLR(opt, T_max=8, eta_min=0.001)], milestones=[3]),
+}
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adamw"])
+@pytest.mark.parametrize("name", sorted(SCHEDULES))
+def test_schedulers_match_torch_step_by_step(name, kind):
+    torch = pytest.importorskip("torch")
+    import warnings
+    ours, theirs = _two_group_opts(torch, kind)
+    sched = SCHEDULES[name](optim, ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # torch's "step() before optimizer.step()"
+        their_sched = SCHEDULES[name](torch.optim.lr_scheduler, theirs)
+        want = _trace(theirs, their_sched, 20)
+    got = _trace(ours, sched, 20)
+    for step, (a, b) in enumerate(zip(got, want)):
+        for (lr, m, betas), (tlr, tm, tbetas) in zip(a, b):
+            assert lr == pytest.approx(tlr, rel=1e-12, abs=1e-15), (step, lr, tlr)
+            assert (m is None) == (tm is None) and (m is None or m == pytest.approx(tm))
+            if betas is not None:
+                np.testing.assert_allclose(betas, tbetas, rtol=1e-12)
+    assert sched.get_last_lr() == pytest.approx(their_sched.get_last_lr(), rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["exponential", "linear", "onecycle", "sequential"])
+def test_new_schedulers_resume_from_state_dict(name):
+    def build():
+        opt = optim.SGD([{"params": [nn.Parameter(ct.zeros(2))]},
+                         {"params": [nn.Parameter(ct.zeros(2))], "lr": 0.5}],
+                        lr=0.1, momentum=0.9)
+        return opt, SCHEDULES[name](optim, opt)
+    opt, sched = build()
+    for _ in range(6):
+        sched.step()
+    state = sched.state_dict()
+    rest = _trace(opt, sched, 8)
+    opt2, sched2 = build()
+    sched2.load_state_dict(state)
+    assert [g["lr"] for g in opt2.param_groups] == [r[0] for r in rest[0]]
+    assert _trace(opt2, sched2, 8)[1:] == rest[1:]
+
+
+def test_new_scheduler_errors():
+    opt = _opt(1.0)
+    with pytest.raises(ValueError, match="ExponentialLR: argument 'gamma' must be a positive"):
+        optim.ExponentialLR(opt, gamma=0)
+    with pytest.raises(ValueError, match="LinearLR: argument 'start_factor' must be in"):
+        optim.LinearLR(opt, start_factor=0.0)
+    with pytest.raises(ValueError, match="LinearLR: argument 'end_factor' must be in"):
+        optim.LinearLR(opt, end_factor=1.5)
+    with pytest.raises(ValueError, match="LinearLR: argument 'total_iters' must be a positive"):
+        optim.LinearLR(opt, total_iters=0)
+    with pytest.raises(ValueError, match="OneCycleLR: give total_steps, or epochs and"):
+        optim.OneCycleLR(opt, max_lr=0.1)
+    with pytest.raises(ValueError, match="argument 'max_lr' must be a number or a list of 1"):
+        optim.OneCycleLR(opt, max_lr=[0.1, 0.2], total_steps=5)
+    with pytest.raises(ValueError, match="anneal_strategy' must be 'cos' or 'linear'"):
+        optim.OneCycleLR(opt, 0.1, total_steps=5, anneal_strategy="exp")
+    sched = optim.OneCycleLR(opt, 0.1, total_steps=3)
+    for _ in range(3):
+        sched.step()
+    with pytest.raises(ValueError, match="OneCycleLR: step 4 is past total_steps=3"):
+        sched.step()
+    with pytest.raises(ValueError, match="SequentialLR: argument 'milestones' must be 1"):
+        optim.SequentialLR(opt, [optim.ExponentialLR(opt, 0.5), optim.StepLR(opt, 2)], [])
+    other = _opt(1.0)
+    with pytest.raises(ValueError, match="scheduler 1 \\(StepLR\\) was made for another"):
+        optim.SequentialLR(opt, [optim.ExponentialLR(opt, 0.5), optim.StepLR(other, 2)], [3])
+    with pytest.raises(ValueError, match="StepLR.step: argument 'epoch' must be an int >= 0"):
+        optim.StepLR(opt, 2).step(-1)
+
+
+def test_clip_grad_value_in_every_layout(mesh):
+    g_w, g_b = GRADS[0]
+    w = nn.Parameter(ct.tensor(W0, placement=mesh, sbp=(S(0),) * mesh.ndim))
+    b = nn.Parameter(ct.tensor(B0, placement=mesh))
+    w.grad = ct.tensor(g_w, placement=mesh, sbp=(S(0),) * mesh.ndim)
+    b.grad = ct.tensor(g_b, placement=mesh, sbp=(ct.sbp.partial_sum,) * mesh.ndim)
+    assert nn.utils.clip_grad_value_([w, b], 0.5) is None
+    np.testing.assert_array_equal(w.grad.numpy(), np.clip(g_w, -0.5, 0.5))
+    np.testing.assert_array_equal(b.grad.numpy(), np.clip(g_b, -0.5, 0.5))
+    assert w.grad.sbp == (S(0),) * mesh.ndim and b.grad.sbp == (ct.sbp.partial_sum,) * mesh.ndim
+    nn.utils.clip_grad_value_(w, 0.1, foreach=True)
+    assert np.abs(w.grad.numpy()).max() <= 0.1
+    with pytest.raises(ValueError, match="clip_grad_value_: argument 'clip_value' must be"):
+        nn.utils.clip_grad_value_([w], -1.0)
+    torch = pytest.importorskip("torch")
+    t = torch.zeros(5, 3, dtype=torch.float64, requires_grad=True)
+    t.grad = torch.tensor(g_w)
+    torch.nn.utils.clip_grad_value_([t], 0.5)
+    np.testing.assert_array_equal(t.grad.numpy(), np.clip(g_w, -0.5, 0.5))
