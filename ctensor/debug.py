@@ -6,8 +6,10 @@
 * :func:`check_consistency` (or ``CTENSOR_DEBUG=1``) turns on the fingerprint exchange
   before every MPI collective, so ranks that run different collectives (on different
   groups too) get a :class:`~ctensor.errors.DivergenceError` instead of a hang;
-* :func:`check_tensor_data` switches off (or on again) the check, on by default, that
-  every rank passed ``ct.tensor`` the same data;
+* :func:`check_tensor_data` switches off (or on again) the checks, on by default, that
+  every rank passed ``ct.tensor`` the same data and that shards along broadcast mesh axes
+  are equal (``ct.from_local``, ``Module.to_global``, :func:`check_broadcast_data`; in
+  :mod:`ctensor.datacheck`);
 * :func:`track_memory` and :func:`memory` count the bytes of shards each rank holds, now
   and at peak, by kind (parameters, gradients, optimizer states, activations).
 
@@ -30,10 +32,11 @@ import numpy as np
 from . import memory as _memory
 from . import worktrace as _trace
 from .comm import context
+from .datacheck import check_broadcast_data, check_same_data, check_tensor_data
 
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
-           "check_same_data",
+           "check_same_data", "check_broadcast_data",
            "boxing_step", "current_context", "describe_step",
            "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats"]
 
@@ -231,114 +234,6 @@ class check_consistency:
 def consistency_checks_enabled() -> bool:
     """Whether debug mode (fingerprints before every collective) is on in this process."""
     return bool(_process_comm().check_consistency)
-
-
-class check_tensor_data:
-    """Turn off (or on again) the check that ``ct.tensor`` makes by default under mpiexec:
-    that every rank of the placement passed the same ``data``.
-
-    The check hashes ``data`` (about 0.1 ms per MiB) and all-reduces a 32-byte digest once;
-    ranks whose data differ get a ``ValueError`` on every rank. Turn it off for large
-    tensors built identically on purpose, or where ``ct.tensor`` runs in a hot loop. Call
-    it on every rank alike. A no-op in a simulation (one process holds every rank).
-
-    >>> ct.debug.check_tensor_data(False)          # from here on
-    >>> with ct.debug.check_tensor_data(False):    # or only inside the block
-    ...     x = ct.tensor(big_array, sbp=ct.sbp.split(0))
-    """
-
-    def __init__(self, enabled: bool = True):
-        if not isinstance(enabled, bool):
-            raise TypeError(f"check_tensor_data: argument 'enabled' must be True or False, "
-                            f"got {enabled!r}")
-        self._comm = _process_comm()
-        self._previous = bool(self._comm.check_tensor_data)
-        self._comm.check_tensor_data = enabled
-
-    def __enter__(self) -> "check_tensor_data":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._comm.check_tensor_data = self._previous
-
-    def __repr__(self) -> str:
-        return f"check_tensor_data(enabled={bool(self._comm.check_tensor_data)})"
-
-
-#: uint64 lanes hashed per step (1 MiB): hashing holds at most two such buffers
-_DIGEST_LANES = 1 << 17
-_digest_buffers: list = []  # [odd weights 1, 3, 5, ..., scratch], made on first use
-
-
-def _data_digest(arr: np.ndarray) -> tuple:
-    """Two sums over ``arr``'s bytes read as uint64 lanes ``v_i`` (the tail zero-padded),
-    modulo 2**64: ``sum(v_i)`` and ``sum((2i + 1) * v_i)``.
-
-    A change of one lane by ``d != 0`` changes the first sum by ``d`` and the second by
-    ``(2i + 1) * d``, non-zero because odd numbers are invertible modulo 2**64; swapping
-    lanes ``i`` and ``j`` changes the second by ``2 (j - i) (v_i - v_j)``. So another seed,
-    a rank-dependent value or a permutation is caught (an adversary could defeat it; no
-    user does by accident), at the cost of two NumPy reductions (~0.1 ms per MiB, where a
-    cryptographic hash takes 0.5-1 ms).
-    """
-    if not _digest_buffers:
-        _digest_buffers.append(np.arange(1, 2 * _DIGEST_LANES, 2, dtype=np.uint64))
-        _digest_buffers.append(np.empty(_DIGEST_LANES, dtype=np.uint64))
-    weights, scratch = _digest_buffers
-    raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
-    n = raw.size // 8
-    lanes = raw[:n * 8].view(np.uint64)
-    total = weighted = 0
-    for start in range(0, n, _DIGEST_LANES):
-        part = lanes[start:start + _DIGEST_LANES]
-        k = part.size
-        part_sum = int(part.sum(dtype=np.uint64))
-        # lane start + j has weight 2 (start + j) + 1 = weights[j] + 2 start
-        total += part_sum
-        weighted += int(np.multiply(part, weights[:k], out=scratch[:k]).sum(dtype=np.uint64))
-        weighted += 2 * start * part_sum
-    tail = raw[n * 8:].tobytes()
-    if tail:
-        last = int.from_bytes(tail, "little")
-        total += last
-        weighted += (2 * n + 1) * last
-    mask = (1 << 64) - 1
-    return total & mask, weighted & mask
-
-
-def check_same_data(fn: str, data: np.ndarray, placement) -> None:
-    """Under mpiexec (unless :func:`check_tensor_data` turned it off): check that every rank
-    of ``placement`` passed the same ``data`` (shape, dtype and values), with one all-reduce
-    of a 32-byte digest; raise ``ValueError`` on every rank of the placement otherwise."""
-    from . import runtime
-    w = runtime.world()
-    if w.size == 1 or len(w.held_ranks) != 1 or not w.comm.check_tensor_data:
-        return
-    me = w.held_ranks[0]
-    group = tuple(sorted(placement.rank_list))
-    if me not in group or len(group) == 1:
-        return
-    arr = np.asarray(data)
-    total, weighted = _data_digest(arr)
-    total ^= hash((arr.shape, arr.dtype.num)) & ((1 << 64) - 1)  # ints only: the same everywhere
-    mine = np.array([total, weighted], dtype=np.uint64).view(np.int64)
-    if w.agree({me: mine}, group):
-        return
-    # some rank differs, and every rank of the group knows it: find out which ones
-    mine_text = (tuple(arr.shape), str(arr.dtype), f"{total:016x}{weighted:016x}")
-    listing = w.exchange({me: mine_text}, group)
-    reference = listing[0]
-    differ = [r for r, m in zip(group, listing) if m != reference]
-    seen_text = "; ".join(f"rank {r}: shape {s} {d}, digest {h[:8]}"
-                          for r, (s, d, h) in zip(group, listing))
-    every = ", every rank's differs" if len(set(listing)) == len(group) > 2 else ""
-    raise ValueError(
-        f"{fn}: argument 'data' must be the same full logical value on every rank of the "
-        f"placement, but ranks {differ} passed data different from rank {group[0]}'s"
-        f"{every} ({seen_text}). Build it identically on every rank: seed every "
-        f"random generator alike (np.random.default_rng(0); an unseeded np.random call gives "
-        f"each rank different numbers) and make nothing depend on the rank; or pass each "
-        f"rank's own shard to ct.from_local.")
 
 
 def per_rank(value) -> list:

@@ -310,6 +310,7 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
         else:
             current = (B,) * placement.ndim
         plans.append((p, current, _stored_sbp(tuple(p.shape), current, dp_axis, size)))
+    ct.debug.check_broadcast_data(dict(module.named_parameters()), fn, "parameter")
     for p, _, stored in plans:  # everything checked: now move
         p.reshard_(placement, stored)
     for m in owners:

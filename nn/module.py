@@ -403,7 +403,9 @@ class Module:
         ``sbp`` is one SBP (or tuple, one per mesh axis) for every parameter, or a dict from
         parameter name or fnmatch pattern to SBP; parameters no rule matches are broadcast.
         ``placement`` defaults to each parameter's own. Buffers become broadcast on the
-        placement. Collective: every rank calls it with the same arguments.
+        placement. Collective: every rank calls it with the same arguments. Parameters
+        broadcast along a mesh axis must hold the same values on its ranks (a ``ValueError``
+        on every rank names those that differ: ``ct.debug.check_broadcast_data``).
 
         >>> mesh = ct.placement("cpu", [0, 1])
         >>> model.to_global(mesh, {"fc1.weight": ct.sbp.split(0), "fc2.weight": ct.sbp.split(1)})
@@ -428,6 +430,9 @@ class Module:
                     raise type(exc)(f"{exc} (parameter {name!r} of shape "
                                     f"{tuple(p.shape)})") from None
                 plans.append((p, target, norm))
+        # broadcast axes must hold equal shards before they are moved (one digest exchange
+        # for the whole module; off with ct.debug.check_tensor_data(False))
+        ct.debug.check_broadcast_data(dict(params), "Module.to_global", "parameter")
         for p, target, norm in plans:  # everything validated: now move
             p.reshard_(target, norm)
         if placement is not None:

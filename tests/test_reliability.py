@@ -217,6 +217,25 @@ def test_nccl_id_exchange_that_agrees_gives_the_roots_id_per_communicator():
 
 
 @needs_launcher
+def test_broadcast_data_that_differ_raise_on_every_rank_under_mpiexec():
+    """The issue's two cases as a user runs them: a rank-dependent broadcast shard in
+    from_local, and ct.manual_seed(rank) before Module.to_global / data_parallel, raise
+    ValueError on both ranks; check_tensor_data(False) and one seed are accepted."""
+    proc, elapsed = run_mpi([SCRIPTS / "divergent_broadcast.py"])
+    out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
+    assert proc.returncode == 0 and elapsed < 30, out
+    for rank in (0, 1):
+        assert (f"rank {rank} from_local: ValueError: from_local: the shards passed as "
+                f"argument 'local' differ") in out, out
+        for case in ("module", "data_parallel"):
+            assert (f"rank {rank} {case}: ValueError: Module.to_global: 2 parameters "
+                    f"differ") in out, out
+        assert f"rank {rank} off: accepted" in out and f"rank {rank} seeded: accepted" in out
+    assert "parameter 'weight' is (B) on placement('cpu', [0, 1])" in out, out
+    assert "ranks [1] hold other values than rank 0" in out, out
+
+
+@needs_launcher
 def test_exception_on_one_rank_aborts_the_job():
     proc, elapsed = run_mpi([SCRIPTS / "raise_on_rank0.py"])
     out = f"exit code {proc.returncode}, {elapsed:.1f} s:\n{proc.stdout}"
@@ -390,6 +409,104 @@ def test_data_digest_is_two_sums_over_uint64_lanes(monkeypatch):
     changed[10] = 0.5
     digests = {debug._data_digest(a) for a in (data, swapped, changed, data[:10])}
     assert len(digests) == 4
+
+
+# ----------------------------------------------------------------------------- broadcast data
+def _local(placement, make):
+    """``from_local``'s argument: this rank's ``make(rank)`` under mpiexec (None outside the
+    placement), ``{rank: make(rank)}`` for every rank of it in a simulation."""
+    if multi_process():
+        return make(ct.rank()) if ct.rank() in placement else None
+    return {r: make(r) for r in placement.rank_list}
+
+
+def test_from_local_broadcast_shards_that_differ_raise_on_every_rank(mesh):
+    """Along a broadcast mesh axis every rank must pass equal shards; the check compares
+    within each broadcast axis' group (split and partial axes may differ)."""
+    if mesh.size == 1:
+        pytest.skip("one rank: nothing can differ")
+    if mesh.ndim == 1:
+        x = ct.from_local(_local(mesh, lambda r: np.arange(3.0)), mesh, B)
+        assert x.sum().item() == 3.0
+        with pytest.raises(ValueError) as info:
+            ct.from_local(_local(mesh, lambda r: np.full(3, float(r))), mesh, B)
+        text = str(info.value)
+        assert text.startswith("from_local: the shards passed as argument 'local' differ")
+        others = list(range(1, mesh.size))
+        assert f"along mesh axis 0 (B) ranks {others} hold other values than rank 0" in text
+        assert "ct.manual_seed(0)" in text and "check_tensor_data(False)" in text, text
+        # one rank off is named alone
+        with pytest.raises(ValueError, match=r"ranks \[1\] hold other values than rank 0"):
+            ct.from_local(_local(mesh, lambda r: np.full(3, float(r == 1))), mesh, B)
+        # partial sums and splits differ by definition
+        assert ct.from_local(_local(mesh, lambda r: np.full(3, float(r))), mesh,
+                             P).numpy().tolist() == [sum(range(mesh.size))] * 3
+        with ct.debug.check_tensor_data(False):  # the documented switch
+            ct.from_local(_local(mesh, lambda r: np.full(3, float(r))), mesh, B)
+    else:  # (2, 2): rows split (S(0)), columns broadcast (B): ranks 0, 1 and 2, 3 agree
+        sbp = (S0, B)
+        x = ct.from_local(_local(mesh, lambda r: np.full((1, 2), float(r // 2))), mesh, sbp)
+        np.testing.assert_array_equal(x.numpy(), [[0.0, 0.0], [1.0, 1.0]])
+        with pytest.raises(ValueError) as info:
+            ct.from_local(_local(mesh, lambda r: np.full((1, 2), float(r == 3))), mesh, sbp)
+        text = str(info.value)
+        assert "along mesh axis 1 (B) ranks [3] hold other values than rank 2" in text, text
+        assert "rank 1" not in text.split("(digests")[0], text
+        # (B, S(0)): the groups are the columns, ranks 0, 2 and 1, 3
+        with pytest.raises(ValueError, match=r"along mesh axis 0 \(B\) ranks \[2\]"):
+            ct.from_local(_local(mesh, lambda r: np.full((1, 2), float(r == 2))), mesh,
+                          (B, S0))
+
+
+def _rank_dependent(module):
+    """Make every broadcast parameter's shards differ between ranks, as ct.manual_seed(rank)
+    does under mpiexec (in a simulation, by writing each rank's shard)."""
+    if multi_process():
+        return
+    for p in module.parameters():
+        for r, arr in p.local_shards().items():
+            arr += r
+
+
+def test_module_to_global_with_parameters_that_differ_raises_on_every_rank(mesh, monkeypatch):
+    """ct.manual_seed(rank) then nn.Linear(4, 4).to_global(..., B) gave every rank other
+    weights; now one digest exchange for the whole module finds them and raises, naming
+    the parameters and the ranks, and nothing moved. The same through nn.parallel."""
+    from ctensor import nn
+    if mesh.size == 1:
+        pytest.skip("one rank: nothing can differ")
+    ct.manual_seed(ct.rank() if multi_process() else 0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+    _rank_dependent(model)
+    exchanges = []
+    w = runtime.world()
+    real = w.exchange
+    monkeypatch.setattr(w, "exchange", lambda *a, **k: exchanges.append(1) or real(*a, **k))
+    before = {n: p.sbp for n, p in model.named_parameters()}
+    with pytest.raises(ValueError) as info:
+        model.to_global(mesh, B)
+    assert len(exchanges) == 1  # one exchange for the whole module
+    text = str(info.value)
+    assert text.startswith("Module.to_global: 4 parameters differ between ranks"), text
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert f"parameter {name!r} is " in text, text
+    assert "hold other values than rank 0" in text and "check_tensor_data(False)" in text
+    assert {n: p.sbp for n, p in model.named_parameters()} == before  # nothing moved
+    with pytest.raises(ValueError, match="parameters differ between ranks"):
+        nn.parallel.data_parallel(model, mesh)
+    if mesh.ndim == 1:
+        with pytest.raises(ValueError, match="parameters differ between ranks"):
+            nn.parallel.tensor_parallel(model, mesh)
+        with pytest.raises(ValueError, match="^fully_shard: 4 parameters differ"):
+            nn.fully_shard(model, mesh)
+    with ct.debug.check_tensor_data(False):
+        model.to_global(mesh, B)
+    ct.manual_seed(0)
+    same = nn.Linear(4, 4)
+    value = same.weight.numpy()
+    same.to_global(mesh, (S0,) + (B,) * (mesh.ndim - 1))  # equal values: accepted, split
+    assert same.weight.sbp[0] == S0
+    np.testing.assert_array_equal(same.weight.numpy(), value)
 
 
 # ----------------------------------------------------------------------------- fake network
