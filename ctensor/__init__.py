@@ -23,6 +23,7 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
 from .random import (manual_seed, seed, initial_seed, Generator, default_generator, rand, randn,
                      randint, rand_like, randn_like, randperm)
 from . import ops as _ops  # noqa: F401  (declares every op)
+from . import linalg  # ct.linalg.norm, vector_norm, matrix_norm (torch.linalg names)
 from . import autograd, debug
 from . import meta, plan  # shape-only tensors; ct.plan: memory, communication, step time
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily

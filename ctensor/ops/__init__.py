@@ -18,6 +18,7 @@ from . import advanced_indexing  # noqa: F401
 from . import sorting  # noqa: F401
 from . import scan  # noqa: F401
 from . import rearrange  # noqa: F401
+from . import comparison  # noqa: F401
 from . import einsum  # noqa: F401
 from . import inplace  # noqa: F401
 from . import sampling  # noqa: F401

@@ -31,13 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 
+import math
+
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ._rules import B, P, S, broadcast_shapes, defop, sig, widen
+from ..tensor import Tensor
+from ._rules import B, P, S, broadcast_shapes, defop, norm_dim, sig, widen
 from .elementwise import sum_to
 from .reduction import unreduce
 
-__all__ = ["matmul", "matmul_t", "linear"]
+__all__ = ["matmul", "matmul_t", "linear", "mm", "bmm", "mv", "dot", "addmm", "baddbmm",
+           "outer", "ger", "vector_norm", "matrix_norm", "linalg_norm"]
 
 
 # ----------------------------------------------------------------------------- labelling
@@ -221,3 +225,192 @@ def linear(x, weight, bias=None):
     """
     y = matmul_t(x, weight, transpose_b=True)
     return y if bias is None else y + bias
+
+
+# ----------------------------------------------------------------------------- PyTorch's forms
+def _operands(opname: str, ndims: tuple, *tensors):
+    """The operands as tensors, each checked to have its number of dims in ``ndims``."""
+    tensors = as_tensor(tensors, opname)
+    for i, (t, n) in enumerate(zip(tensors, ndims)):
+        if t.ndim != n:
+            kind = {1: "a vector (1-D)", 2: "a matrix (2-D)", 3: "a batch of matrices (3-D)"}[n]
+            raise ValueError(f"{opname}: operand {i} has shape {tuple(t.shape)}; accepted: "
+                             f"{kind} (matmul / @ broadcasts other shapes)")
+    return tensors
+
+
+@defop(method=True)
+def mm(x, mat2):
+    """The product of two matrices, ``(n, m) @ (m, p)`` (matmul without broadcasting).
+
+    >>> ct.mm(a, b); a.mm(b)
+    """
+    return matmul(*_operands("mm", (2, 2), x, mat2))
+
+
+@defop(method=True)
+def bmm(x, mat2):
+    """Batched matrix products, ``(b, n, m) @ (b, m, p)``, one batch size on both sides (a
+    split batch dim stays split).
+
+    >>> ct.bmm(q, k.transpose(1, 2))
+    """
+    x, mat2 = _operands("bmm", (3, 3), x, mat2)
+    if x.shape[0] != mat2.shape[0]:
+        raise ValueError(f"bmm: batch sizes differ: {tuple(x.shape)} and {tuple(mat2.shape)}; "
+                         f"accepted: equal first dims")
+    return matmul(x, mat2)
+
+
+@defop(method=True)
+def mv(x, vec):
+    """Matrix times vector, ``(n, m) @ (m,)``."""
+    return matmul(*_operands("mv", (2, 1), x, vec))
+
+
+@defop(method=True)
+def dot(x, other):
+    """The inner product of two vectors of one length (a 0-d tensor)."""
+    return matmul(*_operands("dot", (1, 1), x, other))
+
+
+def _scaled_sum(opname: str, base, product, beta, alpha):
+    """``beta * base + alpha * product`` (PyTorch's addmm rule: with beta 0, ``base`` is not
+    read, so a nan in it does not reach the result)."""
+    for name, v in (("beta", beta), ("alpha", alpha)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+            raise TypeError(f"{opname}: argument '{name}' must be a number, got {v!r}")
+    out = product if alpha == 1 else product * alpha
+    if beta == 0:
+        broadcast_shapes(opname, tuple(base.shape), tuple(out.shape))
+        return out
+    return out + (base if beta == 1 else base * beta)
+
+
+@defop(method=True)
+def addmm(input, mat1, mat2, *, beta=1, alpha=1):  # noqa: A002 - PyTorch's names
+    """``beta * input + alpha * (mat1 @ mat2)`` for matrices (``input`` broadcasts).
+
+    >>> ct.addmm(bias, x, w)               # bias + x @ w
+    """
+    (input,) = as_tensor([input], "addmm")
+    return _scaled_sum("addmm", input, mm(mat1, mat2), beta, alpha)
+
+
+@defop(method=True)
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):  # noqa: A002 - PyTorch's names
+    """``beta * input + alpha * bmm(batch1, batch2)`` (``input`` broadcasts): attention's
+    scores with a mask added, ``ct.baddbmm(mask, q, k.mT, alpha=scale)``."""
+    (input,) = as_tensor([input], "baddbmm")
+    return _scaled_sum("baddbmm", input, bmm(batch1, batch2), beta, alpha)
+
+
+@defop(method=True)
+def outer(x, vec2):
+    """The outer product of two vectors, ``out[i, j] = x[i] * vec2[j]`` (a broadcast
+    product: a split vector gives a split row or column dim, no communication).
+
+    >>> ct.outer(positions, inv_freq)       # rotary embedding angles
+    """
+    x, vec2 = _operands("outer", (1, 1), x, vec2)
+    return OPS.unsqueeze(x, 1) * OPS.unsqueeze(vec2, 0)
+
+
+@defop(method=True)
+def ger(x, vec2):
+    """The same as :func:`outer` (PyTorch's older name)."""
+    return outer(x, vec2)
+
+
+# ----------------------------------------------------------------------------- linalg norms
+def _norm_input(opname: str, x) -> Tensor:
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{opname}: expected a ct.Tensor, got {type(x).__name__}")
+    if x.dtype.kind not in "f":
+        raise TypeError(f"{opname}: the input has dtype {x.dtype}; accepted: floating tensors "
+                        f"(as in PyTorch); convert it with .float()")
+    return x
+
+
+@defop("linalg.vector_norm")
+def vector_norm(x, ord=2, dim=None, keepdim: bool = False, *, dtype=None):  # noqa: A002
+    """``ct.linalg.vector_norm``: the ``ord``-norm of the elements over ``dim`` (int, tuple,
+    or None for all): 2 (default), 1, inf, -inf, 0 (a count), other floats; a composite of
+    sum / amax (a split reduced dim gives partial sums, never a gather).
+
+    >>> ct.linalg.vector_norm(x, dim=-1)
+    """
+    x = _norm_input("linalg.vector_norm", x)
+    if dtype is not None:
+        x = x.to(dtype)
+    if isinstance(ord, str) or isinstance(ord, bool) or \
+            not isinstance(ord, (int, float, np.number)):
+        raise ValueError(f"linalg.vector_norm: argument 'ord' is {ord!r}; accepted: a number "
+                         f"(2, 1, inf, -inf, 0 or any float)")
+    return OPS.norm(x, float(ord), dim, keepdim)
+
+
+def _matrix_dims(opname: str, x, dim) -> tuple:
+    if not isinstance(dim, (tuple, list)) or len(dim) != 2:
+        raise ValueError(f"{opname}: argument 'dim' is {dim!r}; accepted: a pair of dims")
+    if x.ndim < 2:
+        raise ValueError(f"{opname}: the input has shape {tuple(x.shape)}; accepted: at "
+                         f"least 2 dims (a matrix)")
+    d0, d1 = (norm_dim(opname, d, x.ndim) for d in dim)
+    if d0 == d1:
+        raise ValueError(f"{opname}: argument 'dim' {tuple(dim)} names one dim twice")
+    return d0, d1
+
+
+_MATRIX_ORDS = ("fro", 1, -1, math.inf, -math.inf)
+
+
+@defop("linalg.matrix_norm")
+def matrix_norm(x, ord="fro", dim=(-2, -1), keepdim: bool = False):  # noqa: A002
+    """``ct.linalg.matrix_norm``: a norm of the matrices in the dims ``dim``: ``"fro"``
+    (default, ``sqrt(sum x^2)``), ``1`` / ``-1`` (largest / smallest column sum of absolute
+    values), ``inf`` / ``-inf`` (largest / smallest row sum). Written with sum and amax /
+    amin, so splits of either dim give partial results, never a gather. The spectral and
+    nuclear norms (``2``, ``-2``, ``"nuc"``) need singular values and are not offered.
+
+    >>> ct.linalg.matrix_norm(w, ord=1)
+    """
+    x = _norm_input("linalg.matrix_norm", x)
+    rows, cols = _matrix_dims("linalg.matrix_norm", x, dim)
+    if ord not in _MATRIX_ORDS or isinstance(ord, bool):
+        raise ValueError(f"linalg.matrix_norm: argument 'ord' is {ord!r}; accepted: 'fro', "
+                         f"1, -1, inf, -inf (the singular-value norms 2, -2 and 'nuc' are not "
+                         f"offered: they need an SVD)")
+    if ord == "fro":
+        return OPS.norm(x, 2, (rows, cols), keepdim)
+    # ord 1: the largest column sum (sum over rows, then the extreme over columns); inf: the
+    # largest row sum
+    summed, over = (rows, cols) if ord in (1, -1) else (cols, rows)
+    sums = OPS.sum(OPS.abs(x), dim=summed, keepdim=True)
+    pick = OPS.amax if ord in (1, math.inf) else OPS.amin
+    out = pick(sums, dim=over, keepdim=True)
+    return out if keepdim else OPS.squeeze(out, (rows, cols))
+
+
+@defop("linalg.norm")
+def linalg_norm(x, ord=None, dim=None, keepdim: bool = False):  # noqa: A002
+    """``ct.linalg.norm`` (PyTorch's rules): with ``dim`` an int, or ``dim`` and ``ord``
+    both None, a vector norm (the 2-norm of all elements by default); with ``dim`` a pair,
+    or ``ord`` given for a 2-D input without ``dim``, a matrix norm (``ord`` None is
+    ``"fro"``); ``ord`` given for a 1-D input without ``dim``, a vector norm.
+
+    >>> ct.linalg.norm(x); ct.linalg.norm(x, dim=-1); ct.linalg.norm(w, ord=float("inf"))
+    """
+    x = _norm_input("linalg.norm", x)
+    matrix = isinstance(dim, (tuple, list)) and len(dim) == 2 or \
+        (dim is None and ord is not None and x.ndim == 2)
+    if dim is None and ord is not None and x.ndim not in (1, 2):
+        raise ValueError(f"linalg.norm: 'ord' {ord!r} without 'dim' needs a 1-D or 2-D "
+                         f"input, got shape {tuple(x.shape)}; pass dim= (or use "
+                         f"ct.linalg.vector_norm)")
+    if matrix:
+        return matrix_norm(x, "fro" if ord is None else ord,
+                           (-2, -1) if dim is None else tuple(dim), keepdim)
+    if ord == "fro":
+        ord = 2
+    return vector_norm(x, 2 if ord is None else ord, dim, keepdim)
