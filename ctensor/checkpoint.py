@@ -194,7 +194,8 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     ``async_op=True`` returns a :class:`~ctensor.checkpoint_io.SaveHandle` at once: the
     shards are copied to host memory in the call (from the GPU too), so training may go on
     and change them; a background thread writes the copies, and ``handle.wait()``
-    (collective) commits the checkpoint on every rank. A save to a path whose previous
+    (collective) commits the checkpoint on every rank (``handle.poll()``, once per step,
+    commits as soon as every rank's writes are done, without blocking). A save to a path whose previous
     save is still in flight first finishes that one; saves to other paths stay in flight
     together. Pending saves are finished at interpreter exit (a failure is printed).
 
@@ -250,7 +251,10 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     def commit(checksums: dict, write_error: Optional[BaseException]) -> None:
         _commit(w, path, tmp, meta, checksums, write_error)
 
-    handle = SaveHandle(path, files, commit, background=async_op)
+    def all_ranks(flag: bool) -> bool:
+        return all(w.exchange({r: flag for r in w.held_ranks}))
+
+    handle = SaveHandle(path, files, commit, background=async_op, all_ranks=all_ranks)
     if async_op:
         return handle
     handle.wait()

@@ -137,6 +137,8 @@ class SaveHandle:
       every rank (or let the next save to the same path, or the interpreter's exit, call it).
     * :meth:`done` — local: whether this process's writes are finished, so that ``wait()``
       has only the commit left (it may differ between ranks: never branch a collective on it).
+    * :meth:`poll` — collective and never blocking on the disk: commits if every rank's
+      writes are finished; whether the save is over (call it once per training step).
 
     >>> handle = ct.save(state, "ckpt/step-100", async_op=True)   # training goes on
     >>> ...
@@ -144,8 +146,10 @@ class SaveHandle:
     """
 
     def __init__(self, path: str, files: list, commit: Callable[[dict, Optional[BaseException]],
-                                                                  None], background: bool):
+                                                                  None], background: bool,
+                 all_ranks: Callable[[bool], bool] = bool):
         self.path = path
+        self._all_ranks = all_ranks  # collective: whether a flag holds on every rank
         self._files = files  # [(file path, host array)]
         self._commit = commit
         self._checksums: dict = {}
@@ -174,6 +178,19 @@ class SaveHandle:
     def done(self) -> bool:
         """Whether this process's writes are finished (local; see the class docstring)."""
         return self._finished or self._thread is None or not self._thread.is_alive()
+
+    def poll(self) -> bool:
+        """Collective: if every rank's writes are finished, commit (as :meth:`wait`, raising
+        its error); whether the save is over. Costs one small exchange; never waits for a
+        disk, so a training loop may call it every step to commit a save soon after its
+        writes end."""
+        if self._finished:
+            self.wait()
+            return True
+        if self._all_ranks(self.done()):
+            self.wait()
+            return True
+        return False
 
     def wait(self) -> None:
         """Finish the save (collective): this process's writes, then the commit on every

@@ -446,3 +446,17 @@ def test_load_accepts_pytorch_keywords(ckpt_dir):
         ct.save({"x": 1}, path, async_op=1)
     with pytest.raises(TypeError, match="pickling"):
         ct.save({"x": np.array([object()])}, path)
+
+
+def test_poll_commits_once_every_rank_has_written(ckpt_dir, slow_disk):
+    import time
+    path = os.path.join(ckpt_dir, "polled")
+    handle = ct.save({"x": ct.tensor(A), "arr": np.arange(2)}, path, async_op=True)
+    assert handle.poll() is False and not os.path.exists(path)   # rank 0's writes wait
+    slow_disk()
+    deadline = time.monotonic() + 30
+    while not handle.poll():         # the same answer on every rank, so the same loop
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert pending_saves() == [] and handle.poll() is True
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)

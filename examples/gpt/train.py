@@ -19,6 +19,8 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import shutil
 import sys
 import time
 
@@ -105,8 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--simulate", type=_at_least(0), default=0,
                    help="simulate this many ranks in one process (instead of mpiexec)")
     p.add_argument("--log-json", help="write one JSON object per step to this file")
-    p.add_argument("--save", help="checkpoint directory written at the end")
-    p.add_argument("--load", help="checkpoint directory to start from")
+    add_checkpoint_options(p)
     p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_memory_options(p)
@@ -114,6 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="count bytes of shards per rank (ct.debug.memory) and report peaks")
     a = p.parse_args(argv)
     check_memory_options(p, a)
+    check_checkpoint_options(p, a)
     return a
 
 
@@ -219,21 +221,10 @@ def main(a) -> list:
     # and one straight run see the same learning rates)
     scheduler = optim.lr_scheduler.cosine_with_warmup(
         optimizer, a.warmup, total_steps=max(a.steps, a.warmup + 1))
-    start_step = 0
-    if a.load:
-        state = ct.load(a.load)
-        for st in stages:
-            st.module.load_state_dict({k: v for k, v in state["model"].items()
-                                       if k in st.module.state_dict()}, strict=False)
-        optimizer.load_state_dict(state["optim"])
-        start_step = int(state["step"])
-        ct.random.set_state({k: int(v) for k, v in state["rng"].items()})  # dropout masks
-        for _ in range(start_step):
-            scheduler.step()
     corpus = Corpus()
     rng = np.random.default_rng(a.seed)
-    for _ in range(start_step):  # the data stream continues where the checkpoint left it
-        corpus.batch(rng, a.global_batch, a.seq_len)
+    checkpoints = Checkpoints(a)  # --save --save-every --keep --load --resume
+    start_step = checkpoints.restore(gpt, optimizer, scheduler, memory, rng, corpus)
     if a.global_batch % a.micro_batches:
         raise SystemExit("train.py: --global-batch must be a multiple of --micro-batches")
     micro = a.global_batch // a.micro_batches
@@ -283,6 +274,8 @@ def main(a) -> list:
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}")
             bar.update(1)
+        checkpoints.periodic(step + 1, lambda: training_state(
+            gpt, optimizer, scheduler, memory, rng, step + 1))
     elapsed = time.perf_counter() - t_start
     if bar is not None:
         bar.close()
@@ -296,12 +289,8 @@ def main(a) -> list:
             summary["timeline"] = a.recorded_timeline.as_dict()
         log_file.write(json.dumps(summary) + "\n")
         log_file.close()
-    if a.save:
-        state = {"model": {}, "optim": optimizer.state_dict(), "step": a.steps,
-                 "rng": ct.random.get_state()}
-        for st in stages:
-            state["model"].update(st.module.state_dict())
-        ct.save(state, a.save)
+    checkpoints.final(a.steps, lambda: training_state(
+        gpt, optimizer, scheduler, memory, rng, a.steps))
     memory.print_report(rank0)
     if rank0 and history:
         steps_run = len(history)
@@ -493,6 +482,155 @@ class MemoryOptions:
         peaks = self.figures["memory_peak_bytes_per_rank"]
         print("peak bytes of shards per rank (ct.debug.memory): " + ", ".join(
             f"{k} {max(v):,}" for k, v in peaks.items()))
+
+
+# ----------------------------------------------------------------------------- checkpoints
+# --save, --save-every, --keep, --load, --resume: what a long run needs to survive a crash.
+
+STEP_DIR = re.compile(r"step-(\d+)")
+
+
+def add_checkpoint_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoints", "the state saved is everything the next step "
+                             "depends on: model, optimizer, learning-rate schedule, loss "
+                             "scaler, dropout RNG and data position, so a resumed run "
+                             "continues the straight run's loss curve bit for bit")
+    g.add_argument("--save", help="checkpoint directory: the checkpoint written at the end; "
+                                  "with --save-every, the directory of step-<n> checkpoints")
+    g.add_argument("--save-every", type=_at_least(1), default=None, metavar="N",
+                   help="with --save: checkpoint every N steps (and at the end) to "
+                        "<save>/step-<n>, asynchronously (training goes on while it is "
+                        "written)")
+    g.add_argument("--keep", type=_at_least(1), default=2, metavar="K",
+                   help="with --save-every: keep the last K complete checkpoints (default 2)")
+    g.add_argument("--load", help="checkpoint directory to start from")
+    g.add_argument("--resume", action="store_true",
+                   help="with --save-every: start from the newest complete checkpoint in "
+                        "--save (one that does not load is skipped for the one before); "
+                        "none there: start from step 0. On any layout.")
+
+
+def check_checkpoint_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Usage errors of the checkpoint options, before anything runs."""
+    if a.save_every is not None and not a.save:
+        p.error("--save-every needs --save DIR (the directory of its checkpoints)")
+    if a.resume and a.save_every is None:
+        p.error("--resume needs --save DIR --save-every N (it resumes from the newest "
+                "checkpoint those write); to start from one checkpoint use --load DIR")
+    if a.resume and a.load:
+        p.error("--resume and --load both choose where to start: give one")
+    if a.save_every is not None and os.path.isfile(os.path.join(a.save, "COMPLETE")):
+        p.error(f"--save {a.save} is a checkpoint; with --save-every it names the directory "
+                f"that holds step-<n> checkpoints: choose another")
+
+
+def training_state(gpt, optimizer, scheduler, memory, rng, step: int) -> dict:
+    """Everything the next step depends on (see add_checkpoint_options). The model under
+    the whole GPT's names (a stage's own names repeat across stages: ``blocks.0``), so a
+    checkpoint loads into any number of pipeline stages."""
+    state = {"model": gpt.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "step": step, "rng": ct.random.get_state(),
+             "data": {"rng": rng.bit_generator.state}}
+    if memory.scaler is not None:
+        state["scaler"] = memory.scaler.state_dict()
+    return state
+
+
+class Checkpoints:
+    """Periodic asynchronous checkpoints ``<save>/step-<n>`` (the last ``--keep`` kept), the
+    final one, and the start from ``--load`` or the newest one (``--resume``)."""
+
+    def __init__(self, a):
+        self.a = a
+        self.pending = None  # the SaveHandle of the save in flight
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.a.save, f"step-{step:06d}")
+
+    def complete(self) -> list:
+        """``[(step, path)]`` of the complete checkpoints in --save, oldest first."""
+        found = []
+        if self.a.save and os.path.isdir(self.a.save):
+            for name in os.listdir(self.a.save):
+                m = STEP_DIR.fullmatch(name)
+                path = os.path.join(self.a.save, name)
+                if m and os.path.isfile(os.path.join(path, "COMPLETE")):
+                    found.append((int(m.group(1)), path))
+        return sorted(found)
+
+    def restore(self, gpt, optimizer, scheduler, memory, rng, corpus) -> int:
+        """Load --load or the newest complete checkpoint (--resume); the step to start at."""
+        state = None
+        if self.a.load:
+            state = ct.load(self.a.load)
+        elif self.a.resume:
+            for step, path in reversed(self.complete()):
+                try:
+                    state = ct.load(path)  # verified: a damaged one raises on every rank
+                except ValueError as exc:
+                    if ct.rank() == 0:
+                        print(f"train.py: skipping checkpoint {path}: {exc}")
+                    continue
+                if ct.rank() == 0:
+                    print(f"train.py: resuming from {path} (step {step})")
+                break
+        if state is None:
+            return 0
+        gpt.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optim"])
+        start = int(state["step"])
+        ct.random.set_state({k: int(v) for k, v in state["rng"].items()})  # dropout masks
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+        else:  # a checkpoint from before the schedule was saved: replay it
+            for _ in range(start):
+                scheduler.step()
+        if "data" in state:
+            rng.bit_generator.state = state["data"]["rng"]
+        else:  # the data stream continues where the checkpoint left it
+            for _ in range(start):
+                corpus.batch(rng, self.a.global_batch, self.a.seq_len)
+        if memory.scaler is not None and state.get("scaler"):
+            memory.scaler.load_state_dict(state["scaler"])
+        return start
+
+    def _finish(self) -> None:
+        """Commit the save in flight (collective), then drop all but the last --keep."""
+        if self.pending is None:
+            return
+        self.pending.wait()
+        self.pending = None
+        if ct.rank() != 0:
+            return
+        done = self.complete()
+        for step, path in done[:-self.a.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+        newest = done[-1][0] if done else -1
+        for name in os.listdir(self.a.save):  # saves a killed run left unfinished
+            m = STEP_DIR.fullmatch(name.split(".")[0])
+            if m and name.endswith(".ctensor-tmp") and int(m.group(1)) <= newest:
+                shutil.rmtree(os.path.join(self.a.save, name), ignore_errors=True)
+
+    def periodic(self, step: int, state) -> None:
+        """After ``step`` steps: commit the save in flight once every rank has written it
+        (``poll``: no wait for the disk), and every --save-every steps start the next
+        (``state()`` builds it: shards copied now, written in the background)."""
+        if self.pending is not None and self.pending.poll():
+            self._finish()
+        if self.a.save_every is None or step % self.a.save_every or step == self.a.steps:
+            return
+        self._finish()  # a save still writing when the next is due: wait for it
+        self.pending = ct.save(state(), self.path(step), async_op=True)
+
+    def final(self, steps: int, state) -> None:
+        if self.a.save_every is None:
+            if self.a.save:
+                ct.save(state(), self.a.save)
+            return
+        self._finish()
+        if not any(step == steps for step, _ in self.complete()):
+            self.pending = ct.save(state(), self.path(steps), async_op=True)
+            self._finish()
 
 
 def run(argv=None) -> list:
