@@ -487,6 +487,7 @@ SAMPLING = {
                                                   dtype=np.float32),
     "multinomial": lambda mesh, sbp: ct.multinomial(_weights(mesh, sbp), 4),
     "multinomial_replacement": lambda mesh, sbp: ct.multinomial(_weights(mesh, sbp), 9, True),
+    "multinomial_one_row": lambda mesh, sbp: ct.multinomial(_weights(mesh, sbp)[3:4], 2, True),
     "uniform_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2)).uniform_(2, 3),
     "normal_": lambda mesh, sbp: ct.zeros(7, 5, placement=mesh, sbp=_nd(sbp, 2),
                                           dtype=np.float64).normal_(1, 2),

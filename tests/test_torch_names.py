@@ -251,3 +251,73 @@ def test_matmul_of_two_dtypes_raises_as_in_pytorch(mesh):
         layer(ct.ones(4, 3, dtype=ct.float64))
     assert layer(ct.ones(4, 3)).dtype == np.float32
     assert (ct.ones(2, 3, dtype=ct.int64) @ ct.ones(3, 2, dtype=ct.int64)).dtype == np.int64
+
+
+# ----------------------------------------------------------------------------- issue 25: creation, RNG, dtypes, tensor basics, optim
+TORCH_NAMES_25 = {
+    "ct": ["float", "double", "half", "short", "int", "long", "bool", "is_tensor", "numel",
+           "is_floating_point", "inference_mode", "empty_like", "eye", "linspace", "logspace",
+           "from_numpy", "as_tensor", "randperm", "multinomial", "bernoulli", "initial_seed",
+           "seed", "manual_seed", "Generator", "default_generator"],
+    "Tensor": ["new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "uniform_",
+               "normal_", "exponential_", "bernoulli_", "bernoulli", "multinomial",
+               "register_hook", "is_floating_point", "element_size", "nelement", "numel",
+               "dim", "size", "tolist", "cpu", "mT", "T", "__format__"],
+    "optim": ["ExponentialLR", "LinearLR", "OneCycleLR", "SequentialLR"],
+    "Generator": ["manual_seed", "seed", "initial_seed", "get_state", "set_state"],
+}
+
+
+def test_issue_25_names_exist_as_in_torch():
+    import ctensor.nn as nn
+    import ctensor.optim as optim
+    homes = {"ct": ct, "Tensor": ct.Tensor, "optim": optim.lr_scheduler,
+             "Generator": ct.Generator}
+    for home, names in TORCH_NAMES_25.items():
+        missing = [n for n in names if not hasattr(homes[home], n)]
+        assert not missing, (home, missing)
+    assert callable(nn.utils.clip_grad_value_)
+    torch = pytest.importorskip("torch")
+    theirs = {"ct": torch, "Tensor": torch.Tensor, "optim": torch.optim.lr_scheduler,
+              "Generator": torch.Generator}
+    for home, names in TORCH_NAMES_25.items():        # the same names exist in PyTorch
+        assert [n for n in names if n != "default_generator" and not hasattr(theirs[home], n)
+                and not (home == "ct" and n == "bool")] == [], home
+    for name in ("float", "double", "half", "short", "int", "long", "bool"):
+        ours, their = getattr(ct, name), getattr(torch, name)
+        assert torch.zeros(1, dtype=their).numpy().dtype == ours, name
+
+
+def test_issue_25_sampling_matches_torch_in_kind(mesh):
+    """Shapes, dtypes, supports and argument forms as torch's (the values come from another
+    generator, so they differ; the distributions are checked in tests/test_random.py)."""
+    torch = pytest.importorskip("torch")
+    g, tg = ct.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    w = np.array([[0.2, 0.0, 0.5, 0.3], [1.0, 1.0, 0.0, 2.0]])
+    x = _t(w, mesh, (S(0),) * mesh.ndim)
+    for args in [(2,), (3, True), (1, False)]:
+        ours = ct.multinomial(x, *args, generator=g)
+        theirs = torch.multinomial(torch.tensor(w), *args, generator=tg)
+        assert ours.shape == tuple(theirs.shape) and ours.dtype == np.int64
+        assert (w[np.arange(2)[:, None], ours.numpy()] > 0).all()
+    perm = ct.randperm(9, generator=g, placement=mesh, sbp=(S(0),) * mesh.ndim)
+    tperm = torch.randperm(9, generator=tg)
+    assert perm.dtype == np.int64 and str(tperm.dtype) == "torch.int64"
+    assert sorted(perm.numpy().tolist()) == sorted(tperm.tolist())
+    z = _t(np.zeros((5, 4)), mesh, (S(1),) * mesh.ndim)
+    tz = torch.zeros(5, 4, dtype=torch.float64)
+    for name, args in [("uniform_", (-1.0, 2.0)), ("normal_", (0.0, 3.0)),
+                       ("exponential_", (1.5,)), ("bernoulli_", (0.4,))]:
+        ours = getattr(z, name)(*args, generator=g).numpy()
+        theirs = getattr(tz, name)(*args, generator=tg).numpy()
+        assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+        if name == "uniform_":
+            assert ours.min() >= -1 and ours.max() < 2
+        if name in ("exponential_", "bernoulli_"):
+            assert ours.min() >= 0
+        if name == "bernoulli_":
+            assert set(np.unique(ours)) <= {0, 1}
+    b = ct.bernoulli(_t(np.full((3, 2), 0.5), mesh), generator=g)
+    tb = torch.bernoulli(torch.full((3, 2), 0.5, dtype=torch.float64), generator=tg)
+    assert b.dtype == tb.numpy().dtype and b.shape == tuple(tb.shape)
+    assert g.get_state()["counter"] == 9 and tg.initial_seed() == g.initial_seed() == 0

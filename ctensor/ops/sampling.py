@@ -193,8 +193,8 @@ def bernoulli(input, p=None, *, generator=None):  # noqa: A002 - PyTorch's name
 
 # ----------------------------------------------------------------------------- multinomial
 def _multinomial_kernel(xp, p, u, num_samples, replacement):
-    rows = p.reshape(-1, p.shape[-1]).astype(np.float64)
-    draws = u.reshape(rows.shape[0], -1)
+    rows = (p[None] if p.ndim == 1 else p).astype(np.float64)  # (a shard may have 0 rows)
+    draws = u[None] if u.ndim == 1 else u
     if replacement:
         cdf = xp.cumsum(rows, axis=-1)
         targets = draws * cdf[:, -1:]       # below each row's total (u < 1), so the first
@@ -208,7 +208,7 @@ def _multinomial_kernel(xp, p, u, num_samples, replacement):
         order = xp.argsort(keys, axis=-1, kind="stable") if xp is np else \
             xp.argsort(keys, axis=-1)
         out = order[:, :num_samples]
-    return out.reshape(p.shape[:-1] + (num_samples,))
+    return out[0] if p.ndim == 1 else out
 
 
 def _multinomial_meta(layouts, num_samples, replacement):
