@@ -43,6 +43,33 @@ def mesh(request):
             yield ct.placement("cpu", mesh_ranks(shape))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--meshes", default=None,
+        help="comma-separated mesh shapes the `mesh` fixture runs (e.g. 3,4,2x2); default all "
+             "of MESHES. tests/test_mpi.py's -n 4 rerun leaves out the meshes -n 2 already ran.")
+
+
+def _selected_meshes(config):
+    value = config.getoption("--meshes")
+    if not value:
+        return None
+    return {tuple(int(n) for n in part.split("x")) for part in value.split(",") if part}
+
+
+def pytest_collection_modifyitems(config, items):
+    selected = _selected_meshes(config)
+    if selected is None:
+        return
+    keep, drop = [], []
+    for item in items:
+        shape = getattr(item, "callspec", None) and item.callspec.params.get("mesh")
+        (drop if shape is not None and tuple(shape) not in selected else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def world(n: int):
     """A simulated world of ``n`` ranks, or the real one when it has enough ranks (else the
     test is skipped): a context manager."""
