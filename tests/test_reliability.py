@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import ctensor as ct
-from ctensor import debug, runtime
+from ctensor import datacheck, debug, runtime
 from ctensor.comm import watchdog as wd
 from conftest import MPI_MODE
 
@@ -392,8 +392,8 @@ def test_tensor_with_different_data_on_the_ranks_raises_on_every_rank():
 def test_data_digest_is_two_sums_over_uint64_lanes(monkeypatch):
     """The digest against its definition (Python integers), chunked in lanes of 4 here; it
     tells apart a changed value, a swap and a changed tail byte."""
-    monkeypatch.setattr(debug, "_DIGEST_LANES", 4)
-    monkeypatch.setattr(debug, "_digest_buffers", [])
+    monkeypatch.setattr(datacheck, "_DIGEST_LANES", 4)
+    monkeypatch.setattr(datacheck, "_digest_buffers", [])
 
     def reference(arr):
         raw = np.ascontiguousarray(arr).tobytes()
@@ -402,12 +402,12 @@ def test_data_digest_is_two_sums_over_uint64_lanes(monkeypatch):
         return (sum(lanes) % 2**64, sum((2 * i + 1) * v for i, v in enumerate(lanes)) % 2**64)
 
     data = np.random.default_rng(0).standard_normal(11).astype(np.float32)  # 5.5 lanes
-    assert debug._data_digest(data) == reference(data)
+    assert datacheck._data_digest(data) == reference(data)
     swapped = data.copy()
     swapped[[0, 9]] = swapped[[9, 0]]
     changed = data.copy()
     changed[10] = 0.5
-    digests = {debug._data_digest(a) for a in (data, swapped, changed, data[:10])}
+    digests = {datacheck._data_digest(a) for a in (data, swapped, changed, data[:10])}
     assert len(digests) == 4
 
 
