@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 import ctensor as ct
-from ctensor import datacheck, debug, runtime
+from ctensor import datacheck, runtime
 from ctensor.comm import watchdog as wd
 from conftest import MPI_MODE
 
