@@ -321,3 +321,84 @@ def test_issue_25_sampling_matches_torch_in_kind(mesh):
     tb = torch.bernoulli(torch.full((3, 2), 0.5, dtype=torch.float64), generator=tg)
     assert b.dtype == tb.numpy().dtype and b.shape == tuple(tb.shape)
     assert g.get_state()["counter"] == 9 and tg.initial_seed() == g.initial_seed() == 0
+
+
+# ----------------------------------------------------------------------------- issue 25: indexing
+INDEXING_NAMES = {
+    "ct": ["index_select", "index_add", "index_copy", "index_fill", "scatter", "scatter_add",
+           "take_along_dim", "nonzero", "argwhere", "masked_select", "index_put", "where",
+           "gather", "masked_fill"],
+    "Tensor": ["index_select", "index_add", "index_add_", "index_copy", "index_copy_",
+               "index_fill", "index_fill_", "scatter", "scatter_", "scatter_add",
+               "scatter_add_", "take_along_dim", "nonzero", "argwhere", "masked_select",
+               "masked_fill", "masked_fill_", "index_put", "index_put_", "__setitem__"],
+}
+
+
+def test_indexing_names_exist_as_in_torch():
+    homes = {"ct": ct, "Tensor": ct.Tensor}
+    for home, names in INDEXING_NAMES.items():
+        assert [n for n in names if not hasattr(homes[home], n)] == [], home
+    torch = pytest.importorskip("torch")
+    theirs = {"ct": torch, "Tensor": torch.Tensor}
+    for home, names in INDEXING_NAMES.items():
+        assert [n for n in names if not hasattr(theirs[home], n)] == [], home
+
+
+_I = np.array([3, 0, 3, 1])  # repeated entries: accumulating ops add, gradients add
+_J = np.array([[2, 0], [1, 1], [0, 2], [2, 2], [1, 0]])  # along dim 1 of (5, 3)
+# (name, ctensor function, torch function (the same code on the other module), differentiable)
+INDEXING_AGAINST_TORCH = [
+    ("index_select", lambda m, x, i: m.index_select(x, 0, i(_I)), True),
+    ("index_select_method", lambda m, x, i: x.index_select(1, i(np.array([2, 0]))), True),
+    ("index_add", lambda m, x, i: m.index_add(x, 0, i(_I), x[:4] * 3.0, alpha=0.5), True),
+    ("index_add_", lambda m, x, i: x.clone().index_add_(0, i(_I), x[1:] * 1.0), True),
+    ("index_copy", lambda m, x, i: x.index_copy(0, i(np.array([4, 1])), x[:2] * 2.0), True),
+    ("index_copy_", lambda m, x, i: x.clone().index_copy_(1, i(np.array([2])), x[:, :1]),
+     True),
+    ("index_fill", lambda m, x, i: x.index_fill(1, i(np.array([0, 2])), -3.0), True),
+    ("index_fill_", lambda m, x, i: x.clone().index_fill_(0, i(np.array([1])), 2.0), True),
+    ("scatter_src", lambda m, x, i: m.scatter(x, 1, i(_J[:, :1]), x[:, :1] * 2.0), True),
+    ("scatter_src_larger", lambda m, x, i: m.scatter(x.detach(), 1, i(_J[:, :1]), x * 2.0),
+     False),  # (torch's backward refuses a src larger than index)
+    ("scatter_value", lambda m, x, i: x.scatter(1, i(_J[:, :1]), 0.25), True),
+    ("scatter_add", lambda m, x, i: m.scatter_add(x, 1, i(_J), x[:, :2] * 5.0), True),
+    ("scatter_add_", lambda m, x, i: x.clone().scatter_add_(0, i(_J[:3]), x[:3, :2]), True),
+    ("scatter_reduce_add", lambda m, x, i: x.scatter(1, i(_J), x, reduce="add"), False),
+    ("take_along_dim", lambda m, x, i: m.take_along_dim(x, i(_J), 1), True),
+    ("take_along_dim_flat", lambda m, x, i: m.take_along_dim(x, i(_I)), True),
+    ("masked_select", lambda m, x, i: m.masked_select(x, x > 0.1), True),
+    ("masked_fill_", lambda m, x, i: x.clone().masked_fill_(x < 0, 0.5), True),
+    ("nonzero", lambda m, x, i: m.nonzero(x > 0), False),
+    ("argwhere", lambda m, x, i: m.argwhere(x < 0), False),
+    ("where_one_argument", lambda m, x, i: m.where(x > 0)[1], False),
+    ("index_put", lambda m, x, i: x.index_put((i(_I), i(np.array([0, 1, 2, 0]))),
+                                              x[0, :1] * 1.0, accumulate=True), True),
+    ("index_put_", lambda m, x, i: x.clone().index_put_((i(np.array([4, 2])),), x[:2] * 3.0),
+     True),
+    ("getitem_mask", lambda m, x, i: x[x > 0], True),
+    ("getitem_rows_cols", lambda m, x, i: x[i(_I), i(np.array([-1, 0, 2, 2]))], True),
+    ("getitem_columns", lambda m, x, i: x[:, i(np.array([[2, 0]]))], True),
+]
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("name, fn, differentiable", INDEXING_AGAINST_TORCH,
+                         ids=[entry[0] for entry in INDEXING_AGAINST_TORCH])
+def test_indexing_ops_match_torch(mesh, name, fn, differentiable):
+    torch = pytest.importorskip("torch")
+    a = np.random.default_rng(len(name)).standard_normal((5, 3))
+    for sbp in [(S(0),) * mesh.ndim, (S(1),) * mesh.ndim, (B,) * mesh.ndim]:
+        x = _t(a, mesh, sbp, grad=differentiable)
+        t = torch.tensor(a, requires_grad=differentiable)
+        out = fn(ct, x, lambda arr: ct.tensor(arr, placement=mesh))
+        expected = fn(torch, t, torch.from_numpy)
+        assert out.shape == tuple(expected.shape) and \
+            out.dtype == expected.detach().numpy().dtype, (out.shape, out.dtype)
+        np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12)
+        if differentiable:
+            weight = np.random.default_rng(1).standard_normal(out.shape)
+            (out * _t(weight, mesh)).sum().backward()
+            (expected * torch.tensor(weight)).sum().backward()
+            np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-12,
+                                       err_msg=f"gradient, {sbp}")
