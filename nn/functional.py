@@ -204,14 +204,26 @@ def rms_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None,
     return y
 
 
-def embedding(input, weight):  # noqa: A002 - PyTorch's name
-    """Rows of ``weight`` (num_embeddings, embedding_dim) at the integer ids ``input``.
+def zero_padding_row(weight, padding_idx: int):
+    """``weight`` with row ``padding_idx`` set to zero (elementwise, so any layout)."""
+    rows = ct.arange(weight.shape[0], placement=weight.placement).unsqueeze(-1)
+    return ct.where(rows == padding_idx, 0.0, weight)
+
+
+def embedding(input, weight, padding_idx: Optional[int] = None,  # noqa: A002 - PyTorch's
+              max_norm=None, norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+              sparse: bool = False):
+    """Rows of ``weight`` (num_embeddings, embedding_dim) at the integer ids ``input``;
+    ``padding_idx``: that row gets no gradient (its value is looked up as it is).
 
     A vocabulary-split ``weight`` (S(0)) is looked up in place (each rank fills the ids it
     holds, the partial sum is the result); its gradient stays vocabulary-split.
 
     >>> h = F.embedding(ids, wte)      # (B, T) ids -> (B, T, C)
     """
+    if max_norm is not None or scale_grad_by_freq or sparse:
+        raise ValueError("embedding: max_norm, scale_grad_by_freq and sparse are not "
+                         "supported; renormalise or rescale the weight explicitly")
     _check_tensor("embedding", "input", input)
     _check_float("embedding", "weight", weight)
     if input.dtype.kind not in "iu":
@@ -220,6 +232,10 @@ def embedding(input, weight):  # noqa: A002 - PyTorch's name
     if weight.ndim != 2:
         raise ValueError(f"embedding: argument 'weight' must be 2-D (num_embeddings, "
                          f"embedding_dim), got shape {tuple(weight.shape)}")
+    if padding_idx is not None:
+        # the padding row's value, detached: its gradient is zero (PyTorch's rule)
+        rows = ct.arange(weight.shape[0], placement=weight.placement).unsqueeze(-1)
+        weight = ct.where(rows == int(padding_idx) % weight.shape[0], weight.detach(), weight)
     return ct.embedding(input, weight)
 
 

@@ -75,23 +75,40 @@ class Linear(Module):
 
 class Embedding(Module):
     """A lookup table ``weight[ids]`` of shape ``(num_embeddings, embedding_dim)``, N(0, 1)
-    initialised (pass ``std`` for e.g. GPT-2's 0.02).
+    initialised (pass ``std`` for e.g. GPT-2's 0.02). ``padding_idx`` (PyTorch's): that row
+    starts at zero and receives no gradient.
 
-    >>> emb = nn.Embedding(100, 16)
+    >>> emb = nn.Embedding(100, 16, padding_idx=0)
     >>> emb(ct.tensor([[1, 2, 3]]))      # (1, 3, 16)
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, std: float = 1.0, dtype=None):
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 padding_idx: Optional[int] = None, max_norm: Optional[float] = None,
+                 norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                 sparse: bool = False, *, std: float = 1.0, device=None, dtype=None):
         super().__init__()
         self.num_embeddings = _positive("Embedding", "num_embeddings", num_embeddings)
         self.embedding_dim = _positive("Embedding", "embedding_dim", embedding_dim)
+        if max_norm is not None or scale_grad_by_freq or sparse:
+            raise ValueError("Embedding: max_norm, scale_grad_by_freq and sparse are not "
+                             "supported; renormalise or rescale the weight explicitly")
+        if padding_idx is not None:
+            if not -self.num_embeddings <= int(padding_idx) < self.num_embeddings:
+                raise ValueError(f"Embedding: argument 'padding_idx' must be within "
+                                 f"num_embeddings ({self.num_embeddings}), got {padding_idx}")
+            padding_idx = int(padding_idx) % self.num_embeddings
+        self.padding_idx = padding_idx
         self.weight = normal_param((self.num_embeddings, self.embedding_dim), std, dtype)
+        if padding_idx is not None:
+            with ct.no_grad():
+                self.weight.copy_(F.zero_padding_row(self.weight, padding_idx))
 
     def forward(self, ids: ct.Tensor) -> ct.Tensor:
-        return F.embedding(ids, self.weight)
+        return F.embedding(ids, self.weight, self.padding_idx)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}"
+        pad = "" if self.padding_idx is None else f", padding_idx={self.padding_idx}"
+        return f"{self.num_embeddings}, {self.embedding_dim}{pad}"
 
 
 class LayerNorm(Module):

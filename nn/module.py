@@ -320,14 +320,16 @@ class Module:
         fn(self)
         return self
 
-    def named_parameters(self, prefix: str = "", recurse: bool = True) -> Iterator[tuple]:
+    def named_parameters(self, prefix: str = "", recurse: bool = True,
+                         remove_duplicate: bool = True) -> Iterator[tuple]:
         """``(dotted name, Parameter)``; a parameter shared by several modules (tied
-        weights) appears once, under its first name."""
+        weights) appears once, under its first name (every name with
+        ``remove_duplicate=False``)."""
         seen: set = set()
         mods = self.named_modules(prefix) if recurse else [(prefix, self)]
         for mname, mod in mods:
             for pname, p in mod._parameters.items():
-                if id(p) in seen:
+                if id(p) in seen and remove_duplicate:
                     continue
                 seen.add(id(p))
                 yield (f"{mname}.{pname}" if mname else pname), p
@@ -458,7 +460,8 @@ class Module:
 
         Values may be ct tensors in any placement/SBP or NumPy arrays. Everything is
         checked (missing/unexpected keys when ``strict``, shapes, types) before the first
-        copy, so a failed load changes nothing.
+        copy, so a failed load changes nothing. A tied parameter may also appear under its
+        other names (PyTorch's ``state_dict`` lists every one); those keys are accepted.
 
         >>> model.load_state_dict(ct.load("ckpt")["model"])
         """
@@ -466,8 +469,10 @@ class Module:
             raise TypeError(f"load_state_dict: argument 'state_dict' must be a mapping, got "
                             f"{type(state_dict).__name__}")
         own = self.state_dict()
+        # the other names of tied parameters (PyTorch's state_dict lists each of them)
+        aliases = {n for n, _ in self.named_parameters(remove_duplicate=False)} - set(own)
         missing = [k for k in own if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in own]
+        unexpected = [k for k in state_dict if k not in own and k not in aliases]
         if strict and (missing or unexpected):
             raise ValueError(f"load_state_dict: the state dict does not match "
                              f"{type(self).__name__}: missing keys {missing}, unexpected keys "

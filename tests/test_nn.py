@@ -402,6 +402,7 @@ def test_init_is_layout_independent(mesh, name, fill):
 
 def test_init_distributions_and_fans():
     torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
     ct.manual_seed(0)
     w = nn.Parameter(ct.zeros(300, 200, 2))   # fan_in 400, fan_out 600
     a = nn.init.xavier_uniform_(w).numpy()
@@ -444,6 +445,7 @@ def _compare_grads(torch_module, module):
 
 def test_rmsnorm_and_activation_modules_match_torch(mesh):
     torch = pytest.importorskip("torch")
+    torch.manual_seed(0)  # the same weights on every rank (under mpiexec)
     x = RNG.standard_normal((4, 3, 6))
     for sbp in [(S(0),) * mesh.ndim, (S(2),) * mesh.ndim]:
         for kwargs in [dict(), dict(eps=1e-3), dict(elementwise_affine=False)]:
@@ -480,6 +482,7 @@ def test_rmsnorm_and_activation_modules_match_torch(mesh):
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_multihead_attention_matches_torch(mesh, batch_first):
     torch = pytest.importorskip("torch")
+    torch.manual_seed(0)  # the same weights on every rank (under mpiexec)
     n, length, src, e, h = 4, 3, 5, 8, 2
     tm = torch.nn.MultiheadAttention(e, h, batch_first=batch_first, dtype=torch.float64)
     torch.nn.init.normal_(tm.in_proj_bias)
@@ -577,3 +580,36 @@ def test_loss_modules_match_functional(mesh):
     assert nn.MSELoss(reduction="none")(x, y).shape == (6, 4)
     with pytest.raises(ValueError, match="MSELoss: argument 'reduction' is 'avg'"):
         nn.MSELoss(reduction="avg")
+
+
+def test_embedding_padding_idx_and_tied_state_dict_from_torch(mesh):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    ids = np.array([[0, 2, 3], [3, 0, 1]])
+    temb = torch.nn.Embedding(5, 4, padding_idx=0, dtype=torch.float64)
+    emb = nn.Embedding(5, 4, padding_idx=0, dtype=np.float64)
+    assert np.all(emb.weight.numpy()[0] == 0)               # the padding row starts at 0
+    _torch_copy(temb, emb)
+    emb.to_global(mesh, (S(0),) * mesh.ndim)                 # vocabulary-split
+    g = RNG.standard_normal((2, 3, 4))
+    (temb(torch.tensor(ids)) * torch.tensor(g)).sum().backward()
+    out = emb(ct.tensor(ids, placement=mesh))
+    (out * ct.tensor(g, placement=mesh)).sum().backward()
+    np.testing.assert_allclose(out.numpy(), temb(torch.tensor(ids)).detach().numpy())
+    np.testing.assert_allclose(emb.weight.grad.numpy(), temb.weight.grad.numpy())
+    assert np.all(emb.weight.grad.numpy()[0] == 0) and emb.weight.grad.sbp == emb.weight.sbp
+    # torch's state_dict lists a tied weight under each of its names: it loads strictly
+    tied_t = torch.nn.Sequential(torch.nn.Embedding(6, 4), torch.nn.Linear(4, 6, bias=False))
+    tied_t[1].weight = tied_t[0].weight
+    tied = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 6, bias=False))
+    tied[1].weight = tied[0].weight
+    assert list(tied_t.state_dict()) == ["0.weight", "1.weight"]
+    assert tied.load_state_dict({k: v.numpy() for k, v in tied_t.state_dict().items()}) == \
+        ([], [])
+    np.testing.assert_array_equal(tied[1].weight.numpy(), tied_t[0].weight.detach().numpy())
+    assert [n for n, _ in tied.named_parameters(remove_duplicate=False)] == ["0.weight",
+                                                                            "1.weight"]
+    with pytest.raises(ValueError, match="unexpected keys \\['2.weight'\\]"):
+        tied.load_state_dict({"0.weight": np.zeros((6, 4)), "2.weight": np.zeros(1)})
+    with pytest.raises(ValueError, match="Embedding: argument 'padding_idx'"):
+        nn.Embedding(5, 4, padding_idx=5)
