@@ -29,7 +29,7 @@ from ._rules import defop
 
 __all__ = ["add_", "sub_", "mul_", "div_", "pow_", "clamp_", "neg_", "fill_", "zero_", "copy_",
            "masked_fill_", "index_add_", "index_copy_", "index_fill_", "scatter_",
-           "scatter_add_"]
+           "scatter_add_", "exp_"]
 
 _KIND_ORDER = "biufc"
 
@@ -127,6 +127,13 @@ def clamp_(x, min=None, max=None):  # noqa: A002 - PyTorch's names
 def neg_(x):
     """Negate ``x`` in place."""
     return update("neg_", x, OPS.neg)
+
+
+@defop(method=True)
+def exp_(x):
+    """``x = exp(x)`` in place (PyTorch's ``exp_``; the exponential *distribution* is
+    ``exponential_``)."""
+    return update("exp_", x, OPS.exp)
 
 
 @defop(method=True)

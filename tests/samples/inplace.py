@@ -15,6 +15,7 @@ SAMPLES = [
            [(4, 3)], make=lambda r, s, i: (r.permutation(int(np.prod(s))).reshape(s) + 0.37)
            / 6.0 - 1),  # distinct values, none on the clamp bounds
     Sample("neg_", lambda a: a.clone().neg_(), np.negative, [(4, 3)]),
+    Sample("exp_", lambda a: a.clone().exp_(), np.exp, [(4, 3)]),
     Sample("fill_", lambda a: a.clone().fill_(2.5) + a, lambda a: 2.5 + a, [(4, 3)]),
     Sample("zero_", lambda a: a.clone().zero_() + a, lambda a: a, [(4, 3)]),
 ]
