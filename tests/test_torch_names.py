@@ -323,6 +323,174 @@ def test_issue_25_sampling_matches_torch_in_kind(mesh):
     assert g.get_state()["counter"] == 9 and tg.initial_seed() == g.initial_seed() == 0
 
 
+# ----------------------------------------------------------------------------- issue 25 vs torch
+def _mixed(shape, seed=0):
+    """Normals with exact halves, zeros and ties (where rounding and extremes differ)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 2.0
+    flat = x.reshape(-1)
+    flat[::4] = np.round(flat[::4] * 2.0) / 2.0
+    return x
+
+
+def _positive(shape, seed=1):
+    return np.random.default_rng(seed).uniform(0.5, 2.0, shape)
+
+
+INF, NAN = float("inf"), float("nan")
+# (name, ctensor function, torch function, inputs, differentiable inputs)
+AGAINST_TORCH = [
+    ("erf", lambda c, x: x.erf(), lambda t, x: x.erf(), [(5, 3)], (0,)),
+    ("floor", lambda c, x: c.floor(x), lambda t, x: t.floor(x), [(5, 3)], (0,)),
+    ("ceil", lambda c, x: x.ceil(), lambda t, x: x.ceil(), [(5, 3)], (0,)),
+    ("trunc", lambda c, x: x.trunc(), lambda t, x: x.trunc(), [(5, 3)], (0,)),
+    ("round", lambda c, x: x.round(), lambda t, x: x.round(), [(5, 3)], (0,)),
+    ("round_decimals", lambda c, x: c.round(x * 7, decimals=1),
+     lambda t, x: t.round(x * 7, decimals=1), [(5, 3)], (0,)),
+    ("round_negative_decimals", lambda c, x: c.round(x * 300, decimals=-2),
+     lambda t, x: t.round(x * 300, decimals=-2), [(5, 3)], ()),
+    ("remainder", lambda c, x, y: x % y, lambda t, x, y: x % y, [(5, 3), (3,)], (0, 1)),
+    ("fmod", lambda c, x, y: c.fmod(x, y), lambda t, x, y: t.fmod(x, y), [(5, 3), (5, 3)],
+     (0, 1)),
+    ("floor_divide", lambda c, x, y: x // y, lambda t, x, y: x // y, [(5, 3), (5, 3)], ()),
+    ("rfloordiv", lambda c, x: 3.0 // x, lambda t, x: 3.0 // x, [(5, 3)], ()),
+    ("isnan", lambda c, x: (x / x).isnan(), lambda t, x: (x / x).isnan(), [(5, 3)], ()),
+    ("isinf", lambda c, x: c.isinf(1 / (x - x)), lambda t, x: t.isinf(1 / (x - x)), [(5, 3)],
+     ()),
+    ("isfinite", lambda c, x: (x.log()).isfinite(), lambda t, x: x.log().isfinite(), [(5, 3)],
+     ()),
+    ("nan_to_num", lambda c, x: c.nan_to_num(x.log(), posinf=5.0),
+     lambda t, x: t.nan_to_num(x.log(), posinf=5.0), [(5, 3)], ()),
+    ("clip", lambda c, x: x.clip(-0.5, 0.7), lambda t, x: x.clip(-0.5, 0.7), [(5, 3)], (0,)),
+    ("max_elementwise", lambda c, x, y: c.max(x, y), lambda t, x, y: t.max(x, y),
+     [(5, 3), (3,)], (0, 1)),
+    ("min_elementwise", lambda c, x, y: x.min(y), lambda t, x, y: x.min(y), [(5, 3), (5, 3)],
+     (0, 1)),
+    ("any", lambda c, x: (x > 1.5).any(), lambda t, x: (x > 1.5).any(), [(5, 3)], ()),
+    ("any_dim", lambda c, x: c.any(x > 1.0, 1, keepdim=True),
+     lambda t, x: t.any(x > 1.0, 1, keepdim=True), [(5, 3)], ()),
+    ("all_dim", lambda c, x: (x > -1.0).all(0), lambda t, x: (x > -1.0).all(0), [(5, 3)], ()),
+    ("logsumexp", lambda c, x: x.logsumexp(1), lambda t, x: x.logsumexp(1), [(5, 3)], (0,)),
+    ("logsumexp_dims", lambda c, x: c.logsumexp(x * 40, (0, 1), keepdim=True),
+     lambda t, x: t.logsumexp(x * 40, (0, 1), keepdim=True), [(5, 3)], (0,)),
+    ("cumprod", lambda c, x: x.cumprod(0), lambda t, x: x.cumprod(0), [(5, 3)], (0,)),
+    ("diff", lambda c, x: x.diff(dim=0), lambda t, x: x.diff(dim=0), [(5, 3)], (0,)),
+    ("diff_append", lambda c, x, y: c.diff(x, n=2, append=y),
+     lambda t, x, y: t.diff(x, n=2, append=y), [(5, 3), (5, 2)], (0, 1)),
+    ("roll", lambda c, x: x.roll((2, -1), (0, 1)), lambda t, x: x.roll((2, -1), (0, 1)),
+     [(5, 3)], (0,)),
+    ("roll_flat", lambda c, x: c.roll(x, 4), lambda t, x: t.roll(x, 4), [(5, 3)], (0,)),
+    ("repeat_interleave", lambda c, x: x.repeat_interleave(2, dim=0),
+     lambda t, x: x.repeat_interleave(2, dim=0), [(5, 3)], (0,)),
+    ("repeat_interleave_tensor",
+     lambda c, x: c.repeat_interleave(x, c.tensor(np.array([0, 2, 1])), dim=1),
+     lambda t, x: t.repeat_interleave(x, t.tensor([0, 2, 1]), dim=1), [(5, 3)], (0,)),
+    ("unbind", lambda c, x: x.unbind(1)[2], lambda t, x: x.unbind(1)[2], [(5, 3)], (0,)),
+    ("unflatten", lambda c, x: x.unflatten(1, (2, 3)), lambda t, x: x.unflatten(1, (2, 3)),
+     [(5, 6)], (0,)),
+    ("movedim", lambda c, x: c.movedim(x, 0, 2), lambda t, x: t.movedim(x, 0, 2),
+     [(5, 3, 2)], (0,)),
+    ("expand_as", lambda c, x, y: x.expand_as(y), lambda t, x, y: x.expand_as(y),
+     [(1, 3), (5, 3)], (0,)),
+    ("concat", lambda c, x, y: c.concat([x, y], 1), lambda t, x, y: t.concat([x, y], 1),
+     [(5, 3), (5, 2)], (0, 1)),
+    ("mm", lambda c, x, y: x.mm(y), lambda t, x, y: x.mm(y), [(5, 3), (3, 4)], (0, 1)),
+    ("bmm", lambda c, x, y: c.bmm(x, y), lambda t, x, y: t.bmm(x, y), [(5, 2, 3), (5, 3, 2)],
+     (0, 1)),
+    ("addmm", lambda c, b, x, y: c.addmm(b, x, y, beta=0.5, alpha=3),
+     lambda t, b, x, y: t.addmm(b, x, y, beta=0.5, alpha=3), [(4,), (5, 3), (3, 4)],
+     (0, 1, 2)),
+    ("baddbmm", lambda c, b, x, y: b.baddbmm(x, y, alpha=0.5),
+     lambda t, b, x, y: b.baddbmm(x, y, alpha=0.5), [(5, 2, 2), (5, 2, 3), (5, 3, 2)],
+     (0, 1, 2)),
+    ("outer", lambda c, x, y: c.outer(x, y), lambda t, x, y: t.outer(x, y), [(5,), (3,)],
+     (0, 1)),
+    ("ger", lambda c, x, y: x.ger(y), lambda t, x, y: x.outer(y), [(5,), (3,)], (0, 1)),
+    ("sum_dtype", lambda c, x: (x * 4).long().sum(0, dtype=c.float64),
+     lambda t, x: (x * 4).long().sum(0, dtype=t.float64), [(5, 3)], ()),
+    ("mean_dtype", lambda c, x: (x * 4).long().mean(dtype=c.float64),
+     lambda t, x: (x * 4).long().mean(dtype=t.float64), [(5, 3)], ()),
+    ("linalg.norm", lambda c, x: c.linalg.norm(x), lambda t, x: t.linalg.norm(x), [(5, 3)],
+     (0,)),
+    ("linalg.norm_dim", lambda c, x: c.linalg.norm(x, dim=0, keepdim=True),
+     lambda t, x: t.linalg.norm(x, dim=0, keepdim=True), [(5, 3)], (0,)),
+    ("linalg.norm_matrix", lambda c, x: c.linalg.norm(x, ord=INF),
+     lambda t, x: t.linalg.norm(x, ord=INF), [(5, 3)], (0,)),
+    ("linalg.vector_norm", lambda c, x: c.linalg.vector_norm(x, ord=-INF, dim=1),
+     lambda t, x: t.linalg.vector_norm(x, ord=-INF, dim=1), [(5, 3)], (0,)),
+    ("linalg.matrix_norm", lambda c, x: c.linalg.matrix_norm(x, ord=1),
+     lambda t, x: t.linalg.matrix_norm(x, ord=1), [(2, 5, 3)], (0,)),
+    ("isclose", lambda c, x, y: c.isclose(x, x + y * 1e-6, rtol=1e-6),
+     lambda t, x, y: t.isclose(x, x + y * 1e-6, rtol=1e-6), [(5, 3), (5, 3)], ()),
+]
+NEEDS_POSITIVE = {"remainder", "fmod", "floor_divide", "rfloordiv", "isfinite"}
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes, grads", AGAINST_TORCH,
+                         ids=[entry[0] for entry in AGAINST_TORCH])
+def test_issue25_names_match_torch(mesh, name, ours, theirs, shapes, grads):
+    torch = _torch()
+    arrays = [_mixed(s, i) for i, s in enumerate(shapes)]
+    if name in NEEDS_POSITIVE:  # a divisor of both signs away from zero; a log of a zero
+        arrays[-1] = _positive(shapes[-1]) * np.where(_mixed(shapes[-1], 5) > 0, 1.0, -1.0)
+        if name == "isfinite":
+            arrays[0].reshape(-1)[::3] = 0.0
+    xs = [_t(a, mesh, (S(0),) * mesh.ndim, grad=i in grads) for i, a in enumerate(arrays)]
+    ts = [torch.tensor(a, requires_grad=i in grads) for i, a in enumerate(arrays)]
+    out, expected = ours(ct, *xs), theirs(torch, *ts)
+    assert out.shape == tuple(expected.shape)
+    assert out.dtype == expected.detach().numpy().dtype, (out.dtype, expected.dtype)
+    np.testing.assert_allclose(out.numpy(), expected.detach().numpy(), rtol=1e-12, atol=1e-12)
+    if grads:
+        weight = np.random.default_rng(9).standard_normal(out.shape)
+        (out * _t(weight, mesh)).sum().backward()
+        (expected * torch.tensor(weight)).sum().backward()
+        for i in grads:
+            np.testing.assert_allclose(xs[i].grad.numpy(), ts[i].grad.numpy(), rtol=1e-10,
+                                       atol=1e-12, err_msg=f"gradient of input {i}")
+
+
+def test_issue25_python_results_match_torch(mesh):
+    torch = _torch()
+    a = np.array([1.0, INF, NAN, 2.0])
+    x, t = _t(a, mesh, (S(0),) * mesh.ndim), torch.tensor(a)
+    for kwargs in ({}, {"equal_nan": True}):
+        assert ct.allclose(x, x, **kwargs) == torch.allclose(t, t, **kwargs)
+    assert ct.equal(x, x) is torch.equal(t, t) is False           # nan is never equal
+    y, u = _t(a[:2], mesh), torch.tensor(a[:2])
+    assert x[:2].equal(y) is torch.equal(t[:2], u) is True
+    assert ct.equal(x, y) is False                                 # shapes differ
+    assert ct.allclose(y, y + 1e-9) is torch.allclose(u, u + 1e-9) is True
+
+
+def test_issue25_errors_name_the_op_and_the_fix(mesh):
+    x = _t(np.ones((2, 3)), mesh, (S(0),) * mesh.ndim)
+    with ct.debug.comm_log() as log:
+        with pytest.raises(ValueError, match=r"mm: operand 1 has shape \(2, 3, 1\); accepted: "
+                                             r"a matrix"):
+            ct.mm(x, _t(np.ones((2, 3, 1)), mesh))
+        with pytest.raises(ValueError, match="bmm: operand 0 has shape"):
+            ct.bmm(x, x)
+        with pytest.raises(ValueError, match="linalg.matrix_norm: argument 'ord' is 'nuc'"):
+            ct.linalg.norm(x, ord="nuc")
+        with pytest.raises(TypeError, match="linalg.norm: the input has dtype int64"):
+            ct.linalg.norm(x.long())
+        with pytest.raises(ValueError, match="roll: arguments 'shifts' \\(1, 2\\) and 'dims'"):
+            x.roll((1, 2), 0)
+        with pytest.raises(ValueError, match="repeat_interleave: argument 'repeats' has 2 "
+                                             "entries but the dim has size 3"):
+            x.repeat_interleave(ct.tensor(np.array([1, 2])), dim=1)
+        with pytest.raises(ValueError, match=r"unflatten: sizes \(2, 2\) multiply to 4"):
+            x.unflatten(1, (2, 2))
+        with pytest.raises(ValueError, match="diff: argument 'n' is -1"):
+            x.diff(n=-1)
+        with pytest.raises(TypeError, match="round: argument 'decimals' must be an int"):
+            x.round(decimals=1.5)
+        with pytest.raises(TypeError, match="max: give either 'dim' or a tensor 'other'"):
+            ct.max(x, 0, other=x)
+    assert log.collectives() == []
+
+
 # ----------------------------------------------------------------------------- issue 25: indexing
 INDEXING_NAMES = {
     "ct": ["index_select", "index_add", "index_copy", "index_fill", "scatter", "scatter_add",

@@ -121,13 +121,15 @@ def _pow_bw(ctx, g):
     return ga, gb
 
 
-def _select_bw(keep_first: Callable):
-    """Backward of maximum/minimum: the gradient goes where each input was selected."""
+def _select_bw(beats: Callable):
+    """Backward of maximum/minimum (PyTorch's rule): each input's gradient is ``g`` except
+    where the other one beats it (0) or ties with it (``g / 2``); clamp, written with where,
+    passes it whole at its bounds."""
     def backward(ctx, g):
         a, b = ctx.inputs
-        first = keep_first(a, b)
-        return (sum_to(OPS.where(first, g, 0.0), a.shape),
-                sum_to(OPS.where(first, 0.0, g), b.shape))
+        split = OPS.where(a == b, g * 0.5, g)
+        return (sum_to(OPS.where(beats(b, a), 0.0, split), a.shape),
+                sum_to(OPS.where(beats(a, b), 0.0, split), b.shape))
     return backward
 
 
@@ -144,9 +146,9 @@ div = _binary("div", lambda xp, a, b: xp.true_divide(a, b), _div_bw, partial=[(P
               kind="float")
 pow = _binary("pow", lambda xp, a, b: xp.power(a, b), _pow_bw)  # noqa: A001
 maximum = _binary("maximum", lambda xp, a, b: xp.maximum(a, b),
-                  _select_bw(lambda a, b: a >= b))
+                  _select_bw(lambda a, b: a > b))
 minimum = _binary("minimum", lambda xp, a, b: xp.minimum(a, b),
-                  _select_bw(lambda a, b: a <= b))
+                  _select_bw(lambda a, b: a < b))
 
 for _name, _fn in [("eq", "equal"), ("ne", "not_equal"), ("lt", "less"),
                    ("le", "less_equal"), ("gt", "greater"), ("ge", "greater_equal"),
@@ -449,12 +451,26 @@ def masked_fill(x, mask, value):
 
 @defop(method=True)
 def clamp(x, min=None, max=None):  # noqa: A002
-    """Limit values to ``[min, max]`` (either may be None)."""
+    """Limit values to ``[min, max]`` (either may be None; numbers or tensors that
+    broadcast). The gradient passes where ``min <= x <= max``, the bounds included
+    (PyTorch's rule), and goes to a tensor bound where it is the value.
+
+    >>> x.clamp(-1.0, 1.0); x.clamp(min=0.0)
+    """
     if min is not None:
-        x = maximum(x, min)
+        x = where(x < min, min, x) if _same_dtype(x, min) else maximum(x, min)
     if max is not None:
-        x = minimum(x, max)
+        x = where(x > max, max, x) if _same_dtype(x, max) else minimum(x, max)
     return x
+
+
+def _same_dtype(x, bound) -> bool:
+    """Whether ``where`` keeps ``x``'s dtype against ``bound`` (a number of x's kind or
+    lower, or a tensor of x's dtype); otherwise the bound promotes, as ``maximum`` does."""
+    if hasattr(bound, "dtype"):
+        return bound.dtype == getattr(x, "dtype", None)
+    kind = getattr(getattr(x, "dtype", None), "kind", "")
+    return isinstance(bound, (int, float)) and (kind in "fc" or isinstance(bound, int))
 
 
 @defop(method=True)
