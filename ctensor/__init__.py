@@ -21,7 +21,7 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
                        full_like, empty, empty_like, eye, linspace, logspace, from_numpy,
                        as_tensor)
 from .random import (manual_seed, seed, initial_seed, Generator, default_generator, rand, randn,
-                     randint, rand_like, randn_like, randperm)
+                     randint, rand_like, randn_like, randint_like, randperm)
 from . import ops as _ops  # noqa: F401  (declares every op)
 from . import linalg  # ct.linalg.norm, vector_norm, matrix_norm (torch.linalg names)
 from . import autograd, debug

@@ -40,7 +40,7 @@ from .tensor import Tensor
 
 __all__ = ["Kind", "Generator", "default_generator", "manual_seed", "seed", "initial_seed",
            "get_state", "set_state", "next_key", "region", "draw", "rand", "randn", "randint",
-           "rand_like", "randn_like", "randperm"]
+           "rand_like", "randn_like", "randint_like", "randperm"]
 
 DEFAULT_SEED = 0
 _UINT64 = 1 << 64
@@ -378,6 +378,39 @@ def randn_like(x: Tensor, dtype=None, placement=None, sbp=None,
     >>> noise = ct.randn_like(h) * 0.01
     """
     return _like("randn_like", Kind.NORMAL, x, dtype, placement, sbp, requires_grad, generator)
+
+
+def randint_like(x: Tensor, low, high=None, *, generator=None, dtype=None, placement=None,
+                 sbp=None, requires_grad: bool = False) -> Tensor:
+    """:func:`randint` with ``x``'s shape, dtype (a floating one holds the integers, as in
+    PyTorch), placement and SBP (partial axes become broadcast); ``randint_like(x, high)``
+    means ``low = 0``.
+
+    >>> ids = ct.randint_like(tokens, 50257)
+    """
+    fn = "randint_like"
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{fn}: argument 'input' must be a ct.Tensor, got {type(x).__name__}")
+    if high is None:
+        low, high = 0, low
+    dtype = np.dtype(x.dtype if dtype is None else dtype)
+    if dtype.kind not in "iuf":
+        raise TypeError(f"{fn}: argument 'dtype' must be an integer or floating dtype, got "
+                        f"{dtype}")
+    if dtype.kind == "f" and max(abs(_check_int(fn, "low", low)),
+                                 abs(_check_int(fn, "high", high))) > \
+            2 ** (np.finfo(dtype).nmant + 1):
+        raise ValueError(f"{fn}: [low, high) = [{low}, {high}) holds integers that {dtype} "
+                         f"does not represent exactly; use a wider dtype")
+    if requires_grad and dtype.kind != "f":
+        raise ValueError(f"{fn}: requires_grad=True needs a floating dtype, got {dtype}")
+    out = randint(low, high, x.shape, placement=placement or x.placement,
+                  sbp=without_partial(x.sbp) if sbp is None else sbp,
+                  dtype=dtype if dtype.kind in "iu" else np.int64, generator=generator)
+    if dtype.kind == "f":
+        out = out.to(dtype)
+        out.requires_grad = bool(requires_grad)
+    return out
 
 
 def randperm(n: int, *, generator=None, dtype=None, placement=None, sbp=None,

@@ -636,3 +636,25 @@ def test_sampling_digests_in_every_mode():
            "multinomial_r": _digest(ct.multinomial(w, 7, True)),
            "exponential": _digest(ct.zeros(13, 7, placement=p, sbp=S(1)).exponential_())}
     assert got == SAMPLING_DIGESTS
+
+
+def test_randint_like_follows_x(mesh):
+    x = ct.zeros(6, 5, placement=mesh, sbp=(P,) + (S(1),) * (mesh.ndim - 1), dtype=ct.int32)
+    ct.manual_seed(9)
+    k = ct.randint_like(x, 7)
+    assert k.dtype == np.int32 and k.shape == (6, 5) and k.placement == mesh
+    assert k.sbp == (B,) + (S(1),) * (mesh.ndim - 1)
+    ct.manual_seed(9)
+    want = ct.randint(0, 7, (6, 5), placement=ct.placement("cpu", [0]), dtype=ct.int32)
+    assert same_bits(k.numpy(), want.numpy())
+    f = ct.randint_like(ct.ones(400, placement=mesh), -3, 3, generator=ct.Generator())
+    values = f.numpy()
+    assert f.dtype == np.float32 and set(values.tolist()) == set(range(-3, 3))
+    with pytest.raises(ValueError, match="randint_like: \\[low, high\\) = \\[0, 100000\\)"):
+        ct.randint_like(ct.ones(2, dtype=ct.half), 100000)
+    with pytest.raises(TypeError, match="randint_like: argument 'input' must be a ct.Tensor"):
+        ct.randint_like(np.ones(2), 3)
+    torch = pytest.importorskip("torch")
+    t = torch.randint_like(torch.ones(400), -3, 3)
+    assert str(t.dtype).removeprefix("torch.") == f.dtype.name
+    assert set(t.unique().tolist()) == set(range(-3, 3))

@@ -257,10 +257,11 @@ def test_matmul_of_two_dtypes_raises_as_in_pytorch(mesh):
 TORCH_NAMES_25 = {
     "ct": ["float", "double", "half", "short", "int", "long", "bool", "is_tensor", "numel",
            "is_floating_point", "inference_mode", "empty_like", "eye", "linspace", "logspace",
-           "from_numpy", "as_tensor", "randperm", "multinomial", "bernoulli", "initial_seed",
+           "from_numpy", "as_tensor", "randperm", "randint_like", "multinomial", "bernoulli",
+           "initial_seed",
            "seed", "manual_seed", "Generator", "default_generator"],
     "Tensor": ["new_zeros", "new_ones", "new_full", "new_empty", "new_tensor", "uniform_",
-               "normal_", "exponential_", "bernoulli_", "bernoulli", "multinomial",
+               "normal_", "exponential_", "bernoulli_", "bernoulli", "multinomial", "exp_",
                "register_hook", "is_floating_point", "element_size", "nelement", "numel",
                "dim", "size", "tolist", "cpu", "mT", "T", "__format__"],
     "optim": ["ExponentialLR", "LinearLR", "OneCycleLR", "SequentialLR"],
