@@ -243,7 +243,10 @@ class Tensor:
     def __format__(self, spec: str) -> str:
         """``f"{loss:.4f}"``: a 0-d tensor formats as its Python scalar (collective, like
         :meth:`item`); other tensors take only the empty spec (their ``str``), as PyTorch."""
-        if self.ndim == 0 and not self.is_meta:
+        if self.ndim == 0:
+            if self.is_meta and not spec:
+                return str(self)
+            self._values("format")  # shape-only: no value to format
             return format(self.item(), spec)
         if spec:
             raise TypeError(f"unsupported format string {spec!r} for a tensor of shape "

@@ -186,6 +186,12 @@ def test_tensor_basics_as_pytorch(mesh):
     assert f"{x.sum():.2f}" == "276.00" and f"{x.sum()}" == "276.0"
     assert f"{x[0, 0, 1]:>6.1f}" == "   1.0"
     assert f"{x}" == str(x)
+    if not MPI_MODE:
+        with ct.simulate(2, meta=True):
+            m = ct.zeros(())
+            assert f"{m}" == str(m)
+            with pytest.raises(ct.MetaModeError, match="format: this tensor is shape-only"):
+                f"{m:.2f}"
     with pytest.raises(TypeError, match=r"unsupported format string '\.2f' for a tensor of "
                                         r"shape \(2, 3, 4\)"):
         f"{x:.2f}"
