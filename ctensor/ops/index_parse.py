@@ -72,9 +72,12 @@ def parse_index(index, shape: tuple) -> tuple:
             start = None if it.start is None else _index_int(it.start, "a slice start")
             stop = None if it.stop is None else _index_int(it.stop, "a slice stop")
             step = 1 if it.step is None else _index_int(it.step, "a slice step")
-            if step <= 0:
-                raise ValueError(f"getitem: slice step {step} on dim {d}; accepted: steps "
-                                 f"> 0")
+            if step == 0:
+                raise ValueError(f"getitem: slice step 0 on dim {d}; accepted: a non-zero "
+                                 f"step")
+            if step < 0:  # (advanced_indexing turns negative steps into flips first)
+                raise ValueError(f"getitem: slice step {step} on dim {d} reached basic "
+                                 f"indexing; accepted here: steps > 0")
             start, stop, step = slice(start, stop, step).indices(n)
             stop = max(stop, start)
             whole = start == 0 and stop == n and step == 1
