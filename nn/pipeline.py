@@ -82,7 +82,8 @@ def _check_counts(fn: str, num_stages, num_micro_batches, kind, num_model_chunks
         raise ValueError(f"{fn}: argument 'num_model_chunks' is {num_model_chunks}, but only "
                          f"kind='interleaved' runs several model chunks per device (kind is "
                          f"{kind!r}); pass kind='interleaved' or num_model_chunks=1")
-    if kind == "interleaved" and num_model_chunks > 1 and num_micro_batches < num_stages:
+    # (with one chunk the schedule is 1F1B's, but the rule is the README's: m >= p always)
+    if kind == "interleaved" and num_micro_batches < num_stages:
         raise ValueError(f"{fn}: kind='interleaved' needs at least as many micro-batches as "
                          f"pipeline stages (each chunk takes the micro-batches in groups of "
                          f"num_stages), got {num_micro_batches} micro-batches for {num_stages} "

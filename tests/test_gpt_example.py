@@ -96,10 +96,75 @@ def test_interleaved_gives_the_loss_curve_of_one_process(train, reference4, conf
     (["--pp", "2", "--schedule", "interleaved", "--virtual-stages", "2", "--layers", "4",
       "--micro-batches", "1"], "--schedule interleaved needs --micro-batches >= --pp"),
     (["--sp"], "--sp splits the sequence over the tensor-parallel ranks and needs --tp > 1"),
+    # the README's rule holds with one chunk too (interleaved with v = 1 is 1F1B's order)
+    (["--pp", "2", "--schedule", "interleaved", "--micro-batches", "1"],
+     r"--schedule interleaved needs --micro-batches >= --pp \(got 1 < 2\)"),
+    (["--heads", "3"], r"train.py: --hidden 16 must be a multiple of --heads 3 .*--heads 4"),
 ])
 def test_pipeline_options_are_checked_before_training(train, options, message):
     with pytest.raises(SystemExit, match=message):
         train.run(TINY + options + ["--simulate", "2"])
+
+
+def test_interleaved_schedule_needs_as_many_micro_batches_as_stages():
+    from ctensor.nn.pipeline import device_orders
+    with pytest.raises(ValueError, match="needs at least as many micro-batches as pipeline"):
+        device_orders(2, 1, "interleaved", 1)
+    assert device_orders(2, 2, "interleaved", 1) == device_orders(2, 2, "1f1b")
+
+
+def _script(argv: list, **env):
+    """``python examples/gpt/<argv>`` in a subprocess (stdout, stderr apart)."""
+    import os
+    import subprocess
+    import sys
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CTENSOR_", "OMPI_",
+                                                                         "PMI_", "PMIX_"))}
+    environ.update(OPENBLAS_NUM_THREADS="1", **env)
+    return subprocess.run([sys.executable, str(TRAIN.parent / argv[0]), *argv[1:]],
+                          env=environ, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(MPI_MODE, reason="starts processes of its own")
+def test_bad_heads_is_a_message_not_a_traceback():
+    proc = _script(["train.py", "--heads", "3", "--steps", "1", "--no-progress"])
+    assert proc.returncode != 0, proc.stdout
+    assert proc.stderr.startswith("train.py: --hidden 64 must be a multiple of --heads 3"), \
+        proc.stderr
+    assert "Traceback" not in proc.stderr and "corpus:" not in proc.stdout, proc.stderr
+
+
+@pytest.mark.skipif(MPI_MODE, reason="starts processes of its own")
+def test_plot_without_matplotlib_fails_before_training(tmp_path):
+    """--plot used to train to the end, then print that matplotlib is missing and exit 0
+    with no file; now it is a usage error first (a matplotlib that fails to import stands
+    for a missing one, whether or not this machine has it)."""
+    hidden = tmp_path / "site" / "matplotlib"
+    hidden.mkdir(parents=True)
+    (hidden / "__init__.py").write_text("raise ImportError('no matplotlib (hidden by the test)')\n")
+    proc = _script(["train.py", "--plot", str(tmp_path / "loss.png"), "--steps", "200",
+                    "--no-progress"], PYTHONPATH=str(tmp_path / "site"))
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "train.py: error: --plot" in proc.stderr and "needs matplotlib" in proc.stderr, \
+        proc.stderr
+    assert "corpus:" not in proc.stdout and not (tmp_path / "loss.png").exists()
+    # a .svg timeline needs nothing, a .png one is refused the same way
+    proc = _script(["train.py", "--timeline", str(tmp_path / "t.png"), "--steps", "1"],
+                   PYTHONPATH=str(tmp_path / "site"))
+    assert proc.returncode == 2 and "--timeline" in proc.stderr, proc.stderr
+
+
+def test_plan_quick_lets_explicit_options_win():
+    """plan.py --quick sets a small model, but options given with it are kept (it used to
+    override --tp and --hidden silently)."""
+    spec = importlib.util.spec_from_file_location("gpt_plan", TRAIN.parent / "plan.py")
+    plan = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan)
+    quick = plan.parse_args(["--quick"])
+    assert (quick.dp, quick.tp, quick.hidden, quick.heads) == (2, 2, 256, 8)
+    mine = plan.parse_args(["--quick", "--tp", "4", "--hidden", "512"])
+    assert (mine.dp, mine.tp, mine.hidden, mine.heads) == (2, 4, 512, 8)
+    assert plan.parse_args(["--tp", "4", "--quick"]).tp == 4  # before or after --quick
 
 
 def test_timeline_of_the_last_step(train, tmp_path):

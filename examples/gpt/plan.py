@@ -4,7 +4,8 @@ predicted step time — from a shape-only run of the same model on this machine.
     python examples/gpt/plan.py --dp 6 --tp 8 --pp 64 --layers 128 --hidden 25600 \\
         --heads 160 --seq-len 2048 --global-batch 3072 --micro-batches 512 \\
         --recompute --precision fp16 --device a100-80gb          # the 1T GPT on 3072 A100s
-    python examples/gpt/plan.py --quick         # a small one, in a second (overrides sizes)
+    python examples/gpt/plan.py --quick         # a small one, in a second
+    python examples/gpt/plan.py --quick --tp 4  # the small one at another size (yours win)
 
 The script builds the model exactly as ``train.py`` lays it out (``train.stage_modules``:
 pipeline device ``d`` owns ranks ``[d*dp*tp, (d+1)*dp*tp)`` as a ``(dp, tp)`` mesh, virtual
@@ -64,10 +65,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeline", help="draw the predicted pipeline schedule (one row per "
                                       "stage: forward, backward, idle) to this file: .svg "
                                       "needs nothing, .png needs matplotlib")
-    p.add_argument("--quick", action="store_true", help="a small configuration (CI)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a small configuration (CI): {' '.join(QUICK)}; options you give "
+                        f"as well take precedence")
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--quick" in argv:  # (last wins: --quick makes any command small)
-        argv = argv + QUICK
+    if "--quick" in argv:  # QUICK first: argparse keeps the last value, so yours win
+        argv = QUICK + argv
     a = p.parse_args(argv)
     if a.device_file:
         ct.plan.load_devices(a.device_file)
@@ -80,6 +83,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.global_batch % (a.micro_batches * a.dp):
         problems.append(f"--global-batch {a.global_batch} must be a multiple of "
                         f"--micro-batches {a.micro_batches} x --dp {a.dp}")
+    if a.timeline and not a.timeline.lower().endswith(".svg"):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            problems.append(f"--timeline {a.timeline} needs matplotlib, which is not "
+                            f"installed: pip install -e '.[examples]', or give a .svg path "
+                            f"(needs nothing)")
     if problems:
         p.error("; ".join(problems))
     try:

@@ -116,7 +116,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     a = p.parse_args(argv)
     check_memory_options(p, a)
     check_checkpoint_options(p, a)
+    check_picture_options(p, a)
     return a
+
+
+def check_picture_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """--plot (and a --timeline that is not .svg) need matplotlib: say so before training,
+    not after it (a usage error, exit 2)."""
+    wanted = [f"--plot {a.plot}"] if a.plot else []
+    if a.timeline and not a.timeline.lower().endswith(".svg"):
+        wanted.append(f"--timeline {a.timeline}")
+    if not wanted:
+        return
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        p.error(f"{' and '.join(wanted)} need{'s' if len(wanted) == 1 else ''} matplotlib, "
+                f"which is not installed: pip install -e '.[examples]' (or pip install "
+                f"matplotlib){'; a .svg --timeline needs nothing' if a.timeline else ''}")
 
 
 def config_name(a) -> str:
@@ -322,8 +339,16 @@ def main(a) -> list:
 
 
 def check_pipeline_options(a, prog: str = "train.py") -> None:
-    """Usage errors of the pipeline (and sequence-parallel) options, before any
-    collective (``SystemExit`` with the message, which begins with ``prog``)."""
+    """Usage errors of the pipeline (and sequence-parallel) options and of the model's
+    shape, before any collective (``SystemExit`` with the message, which begins with
+    ``prog``)."""
+    if a.hidden % a.heads:
+        raise SystemExit(f"{prog}: --hidden {a.hidden} must be a multiple of --heads "
+                         f"{a.heads} (each head gets hidden / heads features); for example "
+                         f"--heads {_divisor_near(a.hidden, a.heads)}")
+    if a.schedule == "interleaved" and a.micro_batches < a.pp:
+        raise SystemExit(f"{prog}: --schedule interleaved needs --micro-batches >= --pp "
+                         f"(got {a.micro_batches} < {a.pp})")
     if a.sp and a.tp < 2:
         raise SystemExit(f"{prog}: --sp splits the sequence over the tensor-parallel ranks "
                          f"and needs --tp > 1 (got --tp {a.tp})")
@@ -335,12 +360,14 @@ def check_pipeline_options(a, prog: str = "train.py") -> None:
         raise SystemExit(f"{prog}: --virtual-stages {v} does not divide the layers: --layers "
                          f"{a.layers} must be a multiple of --pp x --virtual-stages = "
                          f"{a.pp * v}")
-    if a.schedule == "interleaved" and v > 1 and a.micro_batches < a.pp:
-        raise SystemExit(f"{prog}: --schedule interleaved needs --micro-batches >= --pp "
-                         f"(got {a.micro_batches} < {a.pp})")
     if a.layers < a.pp * v:
         raise SystemExit(f"{prog}: --layers {a.layers} < --pp {a.pp} x --virtual-stages {v}: "
                          f"every stage needs a block")
+
+
+def _divisor_near(n: int, k: int) -> int:
+    """The divisor of ``n`` closest to ``k`` (the larger one on a tie)."""
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: (abs(d - k), -d))
 
 
 def step_timeline(a, step: int):
