@@ -38,6 +38,7 @@ from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig
 from .embedding import check_int
 from .embedding import index_add as add_at
+from .selection import index_range
 
 __all__ = ["scatter", "scatter_add", "take_along_dim"]
 
@@ -68,9 +69,11 @@ def _signatures(layouts, dim, reduce):
 
 def _kernel(xp, x, index, src, dim, reduce, ctx):
     size = ctx.out_layouts[0].shape[dim]
-    if index.size and (int(index.min()) < 0 or int(index.max()) >= size):
-        raise ValueError(f"scatter: argument 'index' must hold values in [0, {size}), got "
-                         f"values in [{int(index.min())}, {int(index.max())}]")
+    if index.size:
+        lo, hi = index_range(xp, index)
+        if lo < 0 or hi >= size:
+            raise ValueError(f"scatter: argument 'index' must hold values in [0, {size}), "
+                             f"got values in [{lo}, {hi}]")
     out = x.copy()
     if index.size == 0 or out.size == 0:
         return out
@@ -93,8 +96,18 @@ def _kernel(xp, x, index, src, dim, reduce, ctx):
     elif reduce == "add":
         add_at(xp, out, where, values)
     else:
-        xp.multiply.at(out, where, values)
+        _multiply_at(xp, out, where, values)
     return out
+
+
+def _multiply_at(xp, out, where, values) -> None:
+    """``out[where] *= values`` with repeated positions multiplying in turn."""
+    if xp is np or hasattr(xp.multiply, "at"):
+        xp.multiply.at(out, where, values)
+        return
+    host = xp.asnumpy(out)  # (a CuPy without multiply.at: on the host)
+    np.multiply.at(host, tuple(xp.asnumpy(w) for w in where), xp.asnumpy(values))
+    out[...] = xp.asarray(host)
 
 
 def _backward(ctx, g):

@@ -49,15 +49,16 @@ from .embedding import index_add as add_at
 from .index_parse import IndexOutOfRangeError
 
 __all__ = ["index_select", "index_add", "index_copy", "index_fill", "nonzero", "argwhere",
-           "masked_select", "normalized_index", "index_tensor"]
+           "masked_select", "normalized_index", "index_range", "index_tensor"]
 
 
 # ----------------------------------------------------------------------------- helpers
 def normalized_index(xp, opname: str, index, size: int):
     """``index`` with negative entries counted from the end; ``IndexOutOfRangeError``
-    naming the op for an entry outside ``[-size, size)``."""
+    naming the op for an entry outside ``[-size, size)``. (On a GPU the range is one small
+    device-to-host read per call, like gather's and embedding's check.)"""
     if index.size:
-        lo, hi = int(index.min()), int(index.max())
+        lo, hi = index_range(xp, index)
         if lo < -size or hi >= size:
             raise IndexOutOfRangeError(f"{opname}: index holds values in [{lo}, {hi}], out of "
                                        f"range for a dim of size {size}; accepted: "
@@ -65,6 +66,14 @@ def normalized_index(xp, opname: str, index, size: int):
         if lo < 0:
             index = xp.where(index < 0, index + size, index)
     return index
+
+
+def index_range(xp, index) -> tuple:
+    """``(min, max)`` of a non-empty integer array as Python ints, in one read."""
+    if xp is np:
+        return int(index.min()), int(index.max())
+    lo, hi = xp.stack([index.min(), index.max()]).tolist()
+    return int(lo), int(hi)
 
 
 def index_tensor(opname: str, x: Tensor, index, arg: str = "index") -> Tensor:
