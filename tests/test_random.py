@@ -18,6 +18,7 @@ import ctensor as ct
 from ctensor import _philox
 from ctensor.random import Kind, region
 from ctensor.sbp import Partial
+from conftest import MPI_MODE
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 P, PMAX = ct.sbp.partial_sum, ct.sbp.partial_max
@@ -658,3 +659,17 @@ def test_randint_like_follows_x(mesh):
     t = torch.randint_like(torch.ones(400), -3, 3)
     assert str(t.dtype).removeprefix("torch.") == f.dtype.name
     assert set(t.unique().tolist()) == set(range(-3, 3))
+
+
+def test_sampling_runs_shape_only():
+    if MPI_MODE:
+        pytest.skip("simulation-only behaviour")
+    ct.manual_seed(0)
+    with ct.simulate(2, meta=True):
+        p = ct.placement("cpu", [0, 1])
+        x = ct.zeros(4, 6, placement=p, sbp=S(0))
+        for filled in (x.uniform_(), x.normal_(), x.exponential_(), x.bernoulli_(0.5)):
+            assert filled is x and x.is_meta
+        assert ct.multinomial(x, 2).shape == (4, 2) and ct.multinomial(x, 3, True).sbp == (S(0),)
+        assert ct.randperm(5, placement=p).is_meta and ct.bernoulli(x).shape == (4, 6)
+        assert ct.random.get_state()["counter"] == 8       # every call still takes a counter
