@@ -250,9 +250,11 @@ def multinomial(op, input, num_samples: int, replacement: bool = False, *,  # no
     num_samples, replacement = int(num_samples), bool(replacement)
     n = input.shape[-1]
     if num_samples <= 0 or n == 0 or (not replacement and num_samples > n):
+        limit = ("any positive int" if replacement else
+                 f"1..{n} (without replacement at most the number of categories; pass "
+                 f"replacement=True)")
         raise ValueError(f"{fn}: argument 'num_samples' is {num_samples} for {n} categories; "
-                         f"accepted: 1..{n if not replacement else 'any'}"
-                         f"{' (without replacement at most the number of categories; pass replacement=True)' if not replacement else ''}")
+                         f"accepted: {limit}")
     gen = random._generator(fn, generator)
     if not world().meta:
         # finite, non-negative weights with a positive sum (and enough non-zero ones
@@ -265,9 +267,10 @@ def multinomial(op, input, num_samples: int, replacement: bool = False, *,  # no
             raise ValueError(f"{fn}: the weights must be finite and non-negative; {bad} "
                              f"elements of 'input' are negative, inf or nan")
         if short:
+            why = "" if replacement else " (without replacement each sample needs its own " \
+                                         "category)"
             raise ValueError(f"{fn}: {short} rows of 'input' have fewer than "
-                             f"{1 if replacement else num_samples} positive weights"
-                             f"{'' if replacement else ' (without replacement each sample needs its own category)'}")
+                             f"{1 if replacement else num_samples} positive weights{why}")
     rows_sbp = tuple(s if isinstance(s, Split) and s.dim == 0 and input.ndim == 2
                      else Broadcast() for s in input.sbp)
     m = input.shape[:-1]
