@@ -432,7 +432,10 @@ def linspace(start, end, steps: int, *, placement=None, sbp=None, dtype=None,
     dt = layout.dtype
     work = dt if dt.kind in "fc" else np.dtype(np.float64)
     lo, hi = np.array(start).astype(dt).astype(work), np.array(end).astype(dt).astype(work)
-    step = (hi - lo) / work.type(max(steps - 1, 1))
+    step = ((hi - lo) / work.type(max(steps - 1, 1))).item()
+    # Python numbers (exact copies of the work-dtype values) do not widen the work dtype's
+    # arrays, in NumPy and CuPy alike, so the arithmetic below is done in that dtype
+    lo, hi = lo.item(), hi.item()
     half = max(steps // 2, 1)  # one step: [start], as PyTorch
 
     def fill(xp, region, dt):
