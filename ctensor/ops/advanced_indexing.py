@@ -55,10 +55,14 @@ def _negative_step(it) -> bool:
 def is_advanced(index) -> bool:
     """Whether ``index`` holds more than basic indexing: tensors, lists, arrays, bools or a
     negative step."""
-    for it in index if isinstance(index, tuple) else (index,):
-        if isinstance(it, (Tensor, list, np.ndarray, bool, np.bool_)):
-            return True
-        if isinstance(it, slice) and _negative_step(it):
+    for it in index if type(index) is tuple else (index,):
+        kind = type(it)
+        if kind is int or it is None or it is Ellipsis:  # (the common items first)
+            continue
+        if kind is slice:
+            if it.step is not None and _negative_step(it):
+                return True
+        elif isinstance(it, (Tensor, list, np.ndarray, bool, np.bool_, tuple)):
             return True
     return False
 
@@ -83,8 +87,8 @@ def _classify(opname: str, it):
             raise TypeError(f"{opname}: tensors used as indices must hold integers or bools, "
                             f"got dtype {it.dtype}; convert the index with .long()")
         return _Adv(it, kind == "b", it.ndim if kind == "b" else 1)
-    if isinstance(it, (list, np.ndarray)):
-        if isinstance(it, list) and any(isinstance(v, Tensor) for v in it):
+    if isinstance(it, (list, tuple, np.ndarray)):  # (a tuple inside the index: a list)
+        if isinstance(it, (list, tuple)) and any(isinstance(v, Tensor) for v in it):
             raise TypeError(f"{opname}: a list of ct.Tensors is not an index; pass a tuple "
                             f"of index tensors (x[rows, cols]) or stack them")
         arr = np.asarray(it)
@@ -354,7 +358,7 @@ def setitem(x, index, value):
 
     >>> x[:, 0] = 0; x[x > 1] = 1.0; x[idx] = rows
     """
-    return update_in_place("setitem", x, lambda t: assigned(t, index, value))
+    return update_in_place("setitem", x, lambda t: assigned(t, index, value), (value,))
 
 
 def _indices(opname: str, indices) -> tuple:
@@ -383,4 +387,5 @@ def index_put_(input, indices, values, accumulate: bool = False):  # noqa: A002
     """
     index = _indices("index_put_", indices)
     return update_in_place("index_put_", input,
-                          lambda t: assigned(t, index, values, bool(accumulate), "index_put_"))
+                           lambda t: assigned(t, index, values, bool(accumulate), "index_put_"),
+                           (values,))

@@ -91,10 +91,13 @@ def _earlier(x: Tensor) -> Tensor:
     return alias
 
 
-def update(opname: str, x, compute) -> Tensor:
-    """``x = compute(x)`` in place (``compute`` runs ops on what it is given)."""
+def update(opname: str, x, compute, operands=None) -> Tensor:
+    """``x = compute(x)`` in place (``compute`` runs ops on what it is given). ``operands``:
+    the other values ``compute`` reads, when known; if neither they nor ``x`` require grad
+    nothing is recorded, so no copy of ``x`` is made for a backward."""
     _check_target(opname, x)
-    if not autograd.is_grad_enabled():
+    if not autograd.is_grad_enabled() or operands is not None and not x.requires_grad and \
+            not any(isinstance(o, Tensor) and o.requires_grad for o in operands):
         return write(opname, x, compute(x))
     return write(opname, x, compute(_earlier(x)))
 
@@ -103,7 +106,7 @@ def _binary(name: str, out_of_place: str):
     fn = getattr(OPS, out_of_place)
 
     def front(x, other):
-        return update(name, x, lambda t: fn(t, other))
+        return update(name, x, lambda t: fn(t, other), (other,))
     front.__name__ = name
     front.__doc__ = (f"``x.{name}(other)``: ``x = x {out_of_place} other`` in place (returns "
                      f"``x``). See :mod:`ctensor.ops.inplace` for the rules.")
@@ -120,13 +123,13 @@ pow_ = _binary("pow_", "pow")
 @defop(method=True)
 def clamp_(x, min=None, max=None):  # noqa: A002 - PyTorch's names
     """Limit ``x``'s values to ``[min, max]`` in place."""
-    return update("clamp_", x, lambda t: OPS.clamp(t, min, max))
+    return update("clamp_", x, lambda t: OPS.clamp(t, min, max), (min, max))
 
 
 @defop(method=True)
 def neg_(x):
     """Negate ``x`` in place."""
-    return update("neg_", x, OPS.neg)
+    return update("neg_", x, OPS.neg, ())
 
 
 @defop(method=True)
@@ -188,7 +191,7 @@ def masked_fill_(x, mask, value):
 
     >>> scores.masked_fill_(~keep, float("-inf"))
     """
-    return update("masked_fill_", x, lambda t: OPS.masked_fill(t, mask, value))
+    return update("masked_fill_", x, lambda t: OPS.masked_fill(t, mask, value), (value,))
 
 
 @defop(method=True)
@@ -197,7 +200,8 @@ def index_add_(x, dim: int, index, source, *, alpha=1):
 
     >>> out.index_add_(0, token_ids, expert_out)
     """
-    return update("index_add_", x, lambda t: OPS.index_add(t, dim, index, source, alpha=alpha))
+    return update("index_add_", x, lambda t: OPS.index_add(t, dim, index, source, alpha=alpha),
+                  (source,))
 
 
 @defop(method=True)
@@ -206,7 +210,7 @@ def index_copy_(x, dim: int, index, source):
 
     >>> cache.index_copy_(1, positions, new_keys)
     """
-    return update("index_copy_", x, lambda t: OPS.index_copy(t, dim, index, source))
+    return update("index_copy_", x, lambda t: OPS.index_copy(t, dim, index, source), (source,))
 
 
 @defop(method=True)
@@ -215,7 +219,7 @@ def index_fill_(x, dim: int, index, value):
 
     >>> x.index_fill_(1, [0, 2], 0.0)
     """
-    return update("index_fill_", x, lambda t: OPS.index_fill(t, dim, index, value))
+    return update("index_fill_", x, lambda t: OPS.index_fill(t, dim, index, value), (value,))
 
 
 @defop(method=True)
@@ -225,7 +229,7 @@ def scatter_(x, dim: int, index, src=None, *, value=None, reduce=None):
     >>> one_hot.scatter_(1, labels[:, None], 1.0)
     """
     return update("scatter_", x, lambda t: OPS.scatter(t, dim, index, src, value=value,
-                                                       reduce=reduce))
+                                                       reduce=reduce), (src,))
 
 
 @defop(method=True)
@@ -234,4 +238,4 @@ def scatter_add_(x, dim: int, index, src):
 
     >>> counts.scatter_add_(0, labels, ones)
     """
-    return update("scatter_add_", x, lambda t: OPS.scatter_add(t, dim, index, src))
+    return update("scatter_add_", x, lambda t: OPS.scatter_add(t, dim, index, src), (src,))
