@@ -25,7 +25,7 @@ class SiLU(Module):
         self.inplace = inplace
 
     def forward(self, x):
-        return F.silu(x)
+        return F.silu(x, self.inplace)
 
 
 class Tanh(Module):
@@ -102,10 +102,10 @@ class LeakyReLU(Module):
 
     def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
         super().__init__()
-        self.negative_slope = negative_slope
+        self.negative_slope, self.inplace = negative_slope, inplace
 
     def forward(self, x):
-        return F.leaky_relu(x, self.negative_slope)
+        return F.leaky_relu(x, self.negative_slope, self.inplace)
 
     def extra_repr(self) -> str:
         return f"negative_slope={self.negative_slope}"

@@ -22,7 +22,7 @@ import ctensor as ct
 from . import functional as F
 from . import init
 from ._checks import check_probability, check_tensor
-from .layers import Linear, _dtype, _positive
+from .layers import Linear, _dtype, _positive, check_device
 from .module import Module, Parameter
 
 __all__ = ["MultiheadAttention"]
@@ -61,6 +61,7 @@ class MultiheadAttention(Module):
                  batch_first: bool = False, device=None, dtype=None):
         super().__init__()
         fn = "MultiheadAttention"
+        check_device(fn, device)
         self.embed_dim = _positive(fn, "embed_dim", embed_dim)
         self.num_heads = _positive(fn, "num_heads", num_heads)
         if self.embed_dim % self.num_heads:

@@ -42,7 +42,7 @@ _check_tensor, _check_float = check_tensor, check_float
 
 
 # ----------------------------------------------------------------------------- layers
-def linear(x, weight, bias=None):
+def linear(input, weight, bias=None):
     """``x @ weight^T + bias`` with ``weight`` of shape ``(out_features, in_features)``.
 
     Column-parallel: ``weight`` S(0) (and ``bias`` S(0)) gives an output split on its last
@@ -51,13 +51,13 @@ def linear(x, weight, bias=None):
 
     >>> y = F.linear(x, w, b)          # x (N, 16), w (32, 16), b (32,) -> (N, 32)
     """
-    _check_float("linear", "input", x)
+    _check_float("linear", "input", input)
     _check_float("linear", "weight", weight)
     if weight.ndim not in (1, 2):
         raise ValueError(f"linear: argument 'weight' must be 1-D or 2-D (out_features, "
                          f"in_features), got shape {tuple(weight.shape)}")
-    if x.ndim == 0 or x.shape[-1] != weight.shape[-1]:
-        raise ValueError(f"linear: input of shape {tuple(x.shape)} does not match weight of "
+    if input.ndim == 0 or input.shape[-1] != weight.shape[-1]:
+        raise ValueError(f"linear: input of shape {tuple(input.shape)} does not match weight of "
                          f"shape {tuple(weight.shape)}; accepted: input.shape[-1] == "
                          f"weight.shape[-1] (in_features)")
     if bias is not None:
@@ -66,98 +66,108 @@ def linear(x, weight, bias=None):
         if tuple(bias.shape) != expected:
             raise ValueError(f"linear: argument 'bias' has shape {tuple(bias.shape)}, "
                              f"accepted {expected} (out_features,)")
-    return ct.linear(x, weight, bias)
+    return ct.linear(input, weight, bias)
 
 
-def relu(x):
+def _result(input, out, inplace: bool):  # noqa: A002
+    """``out``; with ``inplace`` (PyTorch's ``inplace=True``) written into ``input`` and
+    ``input`` returned, except for a tensor that autograd records (its op keeps what it
+    needs for the backward, which the write would change): then the result is returned
+    and ``input`` is left as it is — use the returned tensor, as ``x = F.relu(x, True)``."""
+    if not inplace or input.requires_grad:
+        return out
+    return input.copy_(out)
+
+
+def relu(input, inplace: bool = False):  # noqa: A002 - PyTorch's name
     """``max(x, 0)`` elementwise.
 
     >>> F.relu(x)
     """
-    _check_tensor("relu", "input", x)
-    return ct.relu(x)
+    _check_tensor("relu", "input", input)
+    return _result(input, ct.relu(input), inplace)
 
 
-def gelu(x, approximate: str = "none"):
+def gelu(input, approximate: str = "none"):
     """GELU, ``x * Phi(x)``; ``approximate="tanh"`` for the tanh form (GPT-2).
 
     >>> F.gelu(x, approximate="tanh")
     """
-    _check_tensor("gelu", "input", x)
-    return ct.gelu(x, approximate=approximate)
+    _check_tensor("gelu", "input", input)
+    return ct.gelu(input, approximate=approximate)
 
 
-def silu(x, inplace: bool = False):
+def silu(input, inplace: bool = False):
     """SiLU (swish), ``x * sigmoid(x)``: the gate of SwiGLU (Llama's MLP).
 
     >>> h = F.silu(w1(x)) * w3(x)
     """
-    _check_float("silu", "input", x)
-    return x * ct.sigmoid(x)
+    _check_float("silu", "input", input)
+    return _result(input, input * ct.sigmoid(input), inplace)
 
 
-def sigmoid(x):
+def sigmoid(input):
     """``1 / (1 + exp(-x))`` elementwise.
 
     >>> F.sigmoid(z)
     """
-    _check_float("sigmoid", "input", x)
-    return ct.sigmoid(x)
+    _check_float("sigmoid", "input", input)
+    return ct.sigmoid(input)
 
 
-def tanh(x):
+def tanh(input):
     """Hyperbolic tangent elementwise.
 
     >>> F.tanh(z)
     """
-    _check_float("tanh", "input", x)
-    return ct.tanh(x)
+    _check_float("tanh", "input", input)
+    return ct.tanh(input)
 
 
-def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+def softplus(input, beta: float = 1.0, threshold: float = 20.0):
     """``log(1 + exp(beta x)) / beta``, and ``x`` itself where ``beta x > threshold`` (as
     PyTorch); computed as ``(relu(beta x) + log(1 + exp(-|beta x|))) / beta``, which
     never overflows.
 
     >>> F.softplus(z)
     """
-    _check_float("softplus", "input", x)
-    bx = x * beta if beta != 1.0 else x
+    _check_float("softplus", "input", input)
+    bx = input * beta if beta != 1.0 else input
     soft = ct.relu(bx) + ct.log(1.0 + ct.exp(-bx.abs()))
     soft = soft * (1.0 / beta) if beta != 1.0 else soft
-    return ct.where(bx > threshold, x, soft)
+    return ct.where(bx > threshold, input, soft)
 
 
-def leaky_relu(x, negative_slope: float = 0.01, inplace: bool = False):
+def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
     """``x`` where ``x > 0``, else ``negative_slope * x``.
 
     >>> F.leaky_relu(z, 0.2)
     """
-    _check_float("leaky_relu", "input", x)
-    return ct.where(x > 0, x, x * float(negative_slope))
+    _check_float("leaky_relu", "input", input)
+    return _result(input, ct.where(input > 0, input, input * float(negative_slope)), inplace)
 
 
-def softmax(x, dim: int, _stacklevel: int = 3, dtype=None):
+def softmax(input, dim: int, _stacklevel: int = 3, dtype=None):
     """``exp(x) / sum(exp(x), dim)``, numerically stable (``dtype``: cast first, as
     PyTorch). A split along another dim stays local; a split along ``dim`` uses a max over
     ranks (P(max)) and a sum (P).
 
     >>> p = F.softmax(scores, dim=-1)
     """
-    _check_float("softmax", "input", x)
-    return ct.softmax(x if dtype is None else x.to(dtype), dim)
+    _check_float("softmax", "input", input)
+    return ct.softmax(input if dtype is None else input.to(dtype), dim)
 
 
-def log_softmax(x, dim: int, _stacklevel: int = 3, dtype=None):
+def log_softmax(input, dim: int, _stacklevel: int = 3, dtype=None):
     """``x - logsumexp(x, dim)``, numerically stable; splits as :func:`softmax`.
 
     >>> logp = F.log_softmax(logits, dim=-1)
     """
-    _check_float("log_softmax", "input", x)
-    return ct.log_softmax(x if dtype is None else x.to(dtype), dim)
+    _check_float("log_softmax", "input", input)
+    return ct.log_softmax(input if dtype is None else input.to(dtype), dim)
 
 
-def layer_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None, bias=None,
+def layer_norm(input, normalized_shape: Union[int, Sequence[int]], weight=None, bias=None,
                eps: float = 1e-5):
     """Normalise over the last ``len(normalized_shape)`` dims (biased variance), then scale
     by ``weight`` and shift by ``bias`` (both of ``normalized_shape``, optional).
@@ -167,11 +177,11 @@ def layer_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None, bias
 
     >>> y = F.layer_norm(x, (64,), gamma, beta)
     """
-    _check_float("layer_norm", "input", x)
+    _check_float("layer_norm", "input", input)
     for arg, t in (("weight", weight), ("bias", bias)):
         if t is not None:
             _check_float("layer_norm", arg, t)
-    return ct.layer_norm(x, normalized_shape, weight, bias, eps)
+    return ct.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
 def _normalized_dims(fn: str, x, normalized_shape) -> tuple:
@@ -184,7 +194,7 @@ def _normalized_dims(fn: str, x, normalized_shape) -> tuple:
     return tuple(range(x.ndim - len(shape), x.ndim))
 
 
-def rms_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None,
+def rms_norm(input, normalized_shape: Union[int, Sequence[int]], weight=None,
              eps: Optional[float] = None):
     """Root-mean-square normalisation over the last ``len(normalized_shape)`` dims:
     ``x * rsqrt(mean(x^2) + eps) * weight``; ``eps`` defaults to the dtype's machine
@@ -193,11 +203,11 @@ def rms_norm(x, normalized_shape: Union[int, Sequence[int]], weight=None,
 
     >>> y = F.rms_norm(x, (64,), w, eps=1e-6)
     """
-    _check_float("rms_norm", "input", x)
-    dims = _normalized_dims("rms_norm", x, normalized_shape)
+    _check_float("rms_norm", "input", input)
+    dims = _normalized_dims("rms_norm", input, normalized_shape)
     if eps is None:
-        eps = float(np.finfo(x.dtype).eps)
-    y = x * ct.rsqrt((x * x).mean(dims, keepdim=True) + eps)
+        eps = float(np.finfo(input.dtype).eps)
+    y = input * ct.rsqrt((input * input).mean(dims, keepdim=True) + eps)
     if weight is not None:
         _check_float("rms_norm", "weight", weight)
         y = y * weight
@@ -264,14 +274,14 @@ def one_hot(tensor, num_classes: int = -1):
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def _pad_block(x, dim: int, size: int, value):
+def _pad_block(input, dim: int, size: int, value):
     """A ``value``-filled block shaped like ``x`` but ``size`` long along ``dim``, laid out
     like ``x`` (splits of other dims kept, so ``cat`` needs no communication for them)."""
-    shape = list(x.shape)
+    shape = list(input.shape)
     shape[dim] = size
     sbp = tuple(s if isinstance(s, type(ct.sbp.split(0))) and s.dim != dim else
-                ct.sbp.broadcast for s in x.sbp)
-    return ct.full(*shape, fill_value=value, placement=x.placement, sbp=sbp, dtype=x.dtype)
+                ct.sbp.broadcast for s in input.sbp)
+    return ct.full(*shape, fill_value=value, placement=input.placement, sbp=sbp, dtype=input.dtype)
 
 
 def pad(input, pad: Sequence[int], mode: str = "constant",  # noqa: A002 - PyTorch's names
@@ -333,18 +343,22 @@ def pad(input, pad: Sequence[int], mode: str = "constant",  # noqa: A002 - PyTor
     return x
 
 
-def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12):  # noqa: A002
-    """``input / max(||input||_p, eps)`` along ``dim`` (PyTorch's default ``dim=1``).
+def normalize(input, p: float = 2.0, dim: int = 1, eps: float = 1e-12,  # noqa: A002
+              out=None):
+    """``input / max(||input||_p, eps)`` along ``dim`` (PyTorch's default ``dim=1``);
+    ``out``: written there too.
 
     >>> F.normalize(emb, dim=-1)
     """
     _check_float("normalize", "input", input)
     norm = ct.norm(input, p, dim, True)
-    return input / ct.clamp(norm, min=float(eps))
+    result = input / ct.clamp(norm, min=float(eps))
+    return result if out is None else out.copy_(result)
 
 
 # ----------------------------------------------------------------------------- dropout
-def dropout(x, p: float = 0.5, training: bool = True):
+def dropout(input, p: float = 0.5, training: bool = True,  # noqa: A002 - PyTorch's name
+            inplace: bool = False):
     """Zero each element with probability ``p`` and scale the rest by ``1 / (1 - p)``.
 
     The mask is a pure function of the seed and the element's logical index
@@ -352,25 +366,28 @@ def dropout(x, p: float = 0.5, training: bool = True):
 
     >>> h = F.dropout(h, 0.1, training=model.training)
     """
-    _check_float("dropout", "input", x)
+    _check_float("dropout", "input", input)
     p = check_probability("dropout", "p", p)
     if not training or p == 0.0:
-        return x
+        return input
     if p == 1.0:
-        return x * 0.0
-    # the mask takes x's splits (partial axes become broadcast): drawn locally, no traffic;
-    # masking is linear, so a partial x stays partial
-    keep = ct.rand_like(x) >= p
-    return ct.where(keep, x, 0.0) * (1.0 / (1.0 - p))
+        return _result(input, input * 0.0, inplace)
+    # the mask takes input's splits (partial axes become broadcast): drawn locally, no
+    # traffic; masking is linear, so a partial input stays partial
+    keep = ct.rand_like(input) >= p
+    return _result(input, ct.where(keep, input, 0.0) * (1.0 / (1.0 - p)), inplace)
 
 
 # ----------------------------------------------------------------------------- attention
-def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = False,
-                                 dropout_p: float = 0.0, scale: Optional[float] = None):
+def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, *, scale: Optional[float] = None,
+                                 enable_gqa: bool = False):
     """``softmax(q @ k^T * scale + mask) @ v`` for ``q`` (..., L, E), ``k`` (..., S, E),
-    ``v`` (..., S, Ev), typically (B, H, T, D). ``scale`` defaults to ``1/sqrt(E)``;
-    ``is_causal`` masks key positions after the query's (top-left aligned, like PyTorch);
-    ``attn_mask`` is a bool mask (True = attend) or a float mask added to the scores.
+    ``v`` (..., S, Ev), typically (B, H, T, D); PyTorch's arguments in PyTorch's order.
+    ``scale`` defaults to ``1/sqrt(E)``; ``is_causal`` masks key positions after the
+    query's (top-left aligned, like PyTorch); ``attn_mask`` is a bool mask (True = attend)
+    or a float mask added to the scores. ``enable_gqa``: key and value with fewer heads
+    (dim -3) than the query are repeated to its number (grouped-query attention).
 
     Head-split (S(1)) or batch-split inputs run with no communication; the causal mask is
     computed from each shard's offsets.
@@ -378,6 +395,7 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
     >>> y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     """
     fn = "scaled_dot_product_attention"
+    q, k, v = query, key, value
     for arg, t in (("query", q), ("key", k), ("value", v)):
         _check_float(fn, arg, t)
         if t.ndim < 2:
@@ -389,6 +407,13 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, is_causal: bool = Fals
                          f"(..., S, E), value (..., S, Ev)")
     if is_causal and attn_mask is not None:
         raise ValueError(f"{fn}: pass either attn_mask or is_causal=True, not both")
+    if enable_gqa and q.ndim >= 3 and k.shape[-3] != q.shape[-3]:
+        if k.shape[-3] == 0 or q.shape[-3] % k.shape[-3]:
+            raise ValueError(f"{fn}: enable_gqa needs the query's heads ({q.shape[-3]}) to be "
+                             f"a multiple of the key's ({k.shape[-3]})")
+        group = q.shape[-3] // k.shape[-3]
+        k = k.repeat_interleave(group, dim=-3)
+        v = v.repeat_interleave(group, dim=-3)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
     scores = ct.linear(q, k) * scale  # q @ k^T, no transpose op

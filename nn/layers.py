@@ -39,6 +39,18 @@ def normal_param(shape: tuple, std: float, dtype=None) -> Parameter:
     return Parameter(ct.randn(*shape, dtype=dtype) * std)
 
 
+def check_device(fn: str, device) -> None:
+    """PyTorch's ``device=`` on a constructor: None or ``"cpu"`` (a module is built on
+    every rank's default device and laid out afterwards); anything else raises with the
+    fix."""
+    if device is None or str(device) == "cpu":
+        return
+    raise ValueError(f"{fn}: argument 'device' is {device!r}; ctensor builds modules "
+                     f"broadcast on the default placement: pass device=None and lay the "
+                     f"module out afterwards with module.to_global(ct.placement(...), sbp) "
+                     f"(or ct.set_default_device first)")
+
+
 def _positive(fn: str, arg: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{fn}: argument '{arg}' must be a positive int, got {value!r}")
@@ -54,8 +66,10 @@ class Linear(Module):
     >>> y = fc(ct.randn(8, 16))          # (8, 32)
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, dtype=None):
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
+                 dtype=None):
         super().__init__()
+        check_device("Linear", device)
         self.in_features = _positive("Linear", "in_features", in_features)
         self.out_features = _positive("Linear", "out_features", out_features)
         bound = 1.0 / math.sqrt(self.in_features)
@@ -85,8 +99,10 @@ class Embedding(Module):
     def __init__(self, num_embeddings: int, embedding_dim: int,
                  padding_idx: Optional[int] = None, max_norm: Optional[float] = None,
                  norm_type: float = 2.0, scale_grad_by_freq: bool = False,
-                 sparse: bool = False, *, std: float = 1.0, device=None, dtype=None):
+                 sparse: bool = False, _weight: Optional[ct.Tensor] = None,
+                 _freeze: bool = False, device=None, dtype=None, *, std: float = 1.0):
         super().__init__()
+        check_device("Embedding", device)
         self.num_embeddings = _positive("Embedding", "num_embeddings", num_embeddings)
         self.embedding_dim = _positive("Embedding", "embedding_dim", embedding_dim)
         if max_norm is not None or scale_grad_by_freq or sparse:
@@ -98,7 +114,16 @@ class Embedding(Module):
                                  f"num_embeddings ({self.num_embeddings}), got {padding_idx}")
             padding_idx = int(padding_idx) % self.num_embeddings
         self.padding_idx = padding_idx
+        if _weight is not None:  # PyTorch's: the initial weight given (not re-initialised)
+            if tuple(_weight.shape) != (self.num_embeddings, self.embedding_dim):
+                raise ValueError(f"Embedding: argument '_weight' has shape "
+                                 f"{tuple(_weight.shape)}, accepted "
+                                 f"{(self.num_embeddings, self.embedding_dim)}")
+            self.weight = Parameter(_weight.detach().clone(), requires_grad=not _freeze)
+            return
         self.weight = normal_param((self.num_embeddings, self.embedding_dim), std, dtype)
+        if _freeze:
+            self.weight.requires_grad_(False)
         if padding_idx is not None:
             with ct.no_grad():
                 self.weight.copy_(F.zero_padding_row(self.weight, padding_idx))
@@ -119,8 +144,9 @@ class LayerNorm(Module):
     """
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
-                 bias: bool = True, dtype=None):
+                 bias: bool = True, device=None, dtype=None):
         super().__init__()
+        check_device("LayerNorm", device)
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
         self.normalized_shape = tuple(_positive("LayerNorm", "normalized_shape", n)
@@ -148,14 +174,15 @@ class Dropout(Module):
     """Zero each element with probability ``p`` in training mode (scaling the rest by
     ``1/(1-p)``); the mask comes from ``ct.rand_like``, so it is layout-independent."""
 
-    def __init__(self, p: float = 0.5):
+    def __init__(self, p: float = 0.5, inplace: bool = False):
         super().__init__()
         self.p = F.check_probability("Dropout", "p", p)
+        self.inplace = bool(inplace)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
         if not self.training or self.p == 0.0:
             return x
-        return F.dropout(x, self.p, self.training)
+        return F.dropout(x, self.p, self.training, self.inplace)
 
     def extra_repr(self) -> str:
         return f"p={self.p}"
@@ -176,10 +203,14 @@ class GELU(Module):
 
 
 class ReLU(Module):
-    """ReLU activation."""
+    """ReLU activation (``inplace`` as :func:`F.relu`)."""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = bool(inplace)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
-        return F.relu(x)
+        return F.relu(x, self.inplace)
 
 
 class Identity(Module):
@@ -303,6 +334,7 @@ class RMSNorm(Module):
     def __init__(self, normalized_shape, eps: Optional[float] = None,
                  elementwise_affine: bool = True, device=None, dtype=None):
         super().__init__()
+        check_device("RMSNorm", device)
         if isinstance(normalized_shape, (int, np.integer)):
             normalized_shape = (int(normalized_shape),)
         self.normalized_shape = tuple(_positive("RMSNorm", "normalized_shape", n)

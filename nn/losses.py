@@ -210,25 +210,45 @@ def _pair(fn: str, input, target):  # noqa: A002
     return input - target.to(input.dtype)
 
 
+def _weighted(fn: str, loss, input, weight, reduction: str,  # noqa: A002
+              by_weight: bool = True):
+    """PyTorch's elementwise ``weight`` (the input's shape): ``sum(w * loss) / sum(w)`` for
+    ``"mean"`` (``by_weight=False``: the plain mean of ``w * loss``, as PyTorch's
+    ``huber_loss`` does)."""
+    if weight is None:
+        return apply_reduction(loss, reduction)
+    check_float(fn, "weight", weight)
+    if tuple(weight.shape) != tuple(input.shape):
+        raise ValueError(f"{fn}: argument 'weight' has shape {tuple(weight.shape)}; accepted "
+                         f"the input's shape {tuple(input.shape)}")
+    weight = weight.to(loss.dtype)
+    loss = loss * weight
+    if reduction == "mean" and by_weight:
+        return loss.sum() / weight.sum()
+    return apply_reduction(loss, reduction)
+
+
 def mse_loss(input, target, size_average=None, reduce=None,  # noqa: A002 - PyTorch's name
-             reduction: str = "mean"):
-    """Mean squared error ``(input - target) ** 2``, reduced.
+             reduction: str = "mean", weight=None):
+    """Mean squared error ``(input - target) ** 2``, reduced (``weight``: elementwise, the
+    mean then divides by its sum).
 
     >>> loss = F.mse_loss(pred, y)
     """
     reduction = legacy_reduction("mse_loss", size_average, reduce, reduction)
     d = _pair("mse_loss", input, target)
-    return apply_reduction(d * d, reduction)
+    return _weighted("mse_loss", d * d, input, weight, reduction)
 
 
 def l1_loss(input, target, size_average=None, reduce=None,  # noqa: A002 - PyTorch's name
-            reduction: str = "mean"):
-    """Mean absolute error ``|input - target|``, reduced.
+            reduction: str = "mean", weight=None):
+    """Mean absolute error ``|input - target|``, reduced (``weight`` as :func:`mse_loss`).
 
     >>> loss = F.l1_loss(pred, y, reduction="sum")
     """
     reduction = legacy_reduction("l1_loss", size_average, reduce, reduction)
-    return apply_reduction(_pair("l1_loss", input, target).abs(), reduction)
+    return _weighted("l1_loss", _pair("l1_loss", input, target).abs(), input, weight,
+                     reduction)
 
 
 def smooth_l1_loss(input, target, size_average=None, reduce=None,  # noqa: A002
@@ -249,8 +269,11 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None,  # noqa: A002
                                reduction)
 
 
-def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0):  # noqa: A002
-    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``.
+def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0,  # noqa: A002
+               weight=None):
+    """``0.5 d^2`` where ``|d| < delta``, else ``delta (|d| - 0.5 delta)``; with
+    ``weight`` the mean is the plain mean of the weighted losses (PyTorch's rule here,
+    unlike ``mse_loss`` and ``l1_loss``, which divide by the summed weight).
 
     >>> loss = F.huber_loss(pred, y, delta=2.0)
     """
@@ -259,7 +282,8 @@ def huber_loss(input, target, reduction: str = "mean", delta: float = 1.0):  # n
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or delta <= 0:
         raise ValueError(f"{fn}: argument 'delta' must be a number > 0, got {delta!r}")
     a = _pair(fn, input, target).abs()
-    return apply_reduction(ct.where(a < delta, a * a * 0.5, (a - 0.5 * delta) * delta), reduction)
+    return _weighted(fn, ct.where(a < delta, a * a * 0.5, (a - 0.5 * delta) * delta), input,
+                     weight, reduction, by_weight=False)
 
 
 def binary_cross_entropy(input, target, weight=None, size_average=None,  # noqa: A002

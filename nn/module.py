@@ -301,8 +301,9 @@ class Module:
             kids = [(f"{name}.{k}" if name else k, m) for k, m in mod._modules.items()]
             stack.extend(reversed(kids))
 
-    def modules(self) -> Iterator["Module"]:
-        """This module and every descendant, each once."""
+    def modules(self, remove_duplicate: bool = True) -> Iterator["Module"]:
+        """This module and every descendant, each once (``remove_duplicate`` is accepted
+        for PyTorch's signature; a shared module is listed once either way)."""
         for _, m in self.named_modules():
             yield m
 
@@ -446,22 +447,29 @@ class Module:
         return self
 
     # ----------------------------------------------------------------- state
-    def state_dict(self) -> "OrderedDict[str, ct.Tensor]":
-        """Name -> tensor (parameters, detached, then buffers) in their current layouts."""
-        out: OrderedDict = OrderedDict()
+    def state_dict(self, destination=None, prefix: str = "",
+                   keep_vars: bool = False) -> "OrderedDict[str, ct.Tensor]":
+        """Name -> tensor (parameters, detached unless ``keep_vars``, then buffers) in their
+        current layouts; names start with ``prefix``; filled into ``destination`` when
+        given (PyTorch's arguments). A tied parameter is listed once, under its first name
+        (``load_state_dict`` accepts PyTorch's other names for it)."""
+        out: OrderedDict = OrderedDict() if destination is None else destination
         for name, p in self.named_parameters():
-            out[name] = p.detach()
+            out[prefix + name] = p if keep_vars else p.detach()
         for name, b in self.named_buffers():
-            out[name] = b
+            out[prefix + name] = b
         return out
 
-    def load_state_dict(self, state_dict, strict: bool = True) -> IncompatibleKeys:
+    def load_state_dict(self, state_dict, strict: bool = True,
+                        assign: bool = False) -> IncompatibleKeys:
         """Copy values into this module's parameters and buffers, keeping their layouts.
 
         Values may be ct tensors in any placement/SBP or NumPy arrays. Everything is
         checked (missing/unexpected keys when ``strict``, shapes, types) before the first
         copy, so a failed load changes nothing. A tied parameter may also appear under its
         other names (PyTorch's ``state_dict`` lists every one); those keys are accepted.
+        ``assign`` (PyTorch's) is accepted and copies too: a parameter keeps its object and
+        its layout.
 
         >>> model.load_state_dict(ct.load("ckpt")["model"])
         """

@@ -148,7 +148,7 @@ def test_layer_norm_split_hidden_keeps_split(mesh):
         out = F.layer_norm(_t(x, mesh, sbp), 32768)
     assert out.sbp == sbp
     assert set(log.collectives()) <= {"all_reduce"}
-    assert all(e.nbytes <= 4 * 8 * mesh.size for e in log)  # row statistics only
+    assert all(e.nbytes <= 4 * 8 for e in log)  # row statistics only (bytes per rank)
 
 
 def test_embedding(mesh):
@@ -454,6 +454,16 @@ TORCH_CASES = [
     ("nll_loss_weight", [_X3, _T3, _W5], [0], lambda F, x, t, w: F.nll_loss(x, t, weight=w)),
     ("mse_loss", [_X3, _Y3], [0, 1], lambda F, x, y: F.mse_loss(x, y)),
     ("l1_loss_sum", [_X3, _Y3], [0, 1], lambda F, x, y: F.l1_loss(x, y, reduction="sum")),
+    ("mse_loss_weight", [_X3, _Y3, _R.random((4, 5, 3))], [0],
+     lambda F, x, y, w: F.mse_loss(x, y, weight=w)),
+    ("l1_loss_weight_none", [_X3, _Y3, _R.random((4, 5, 3))], [0],
+     lambda F, x, y, w: F.l1_loss(x, y, weight=w, reduction="none")),
+    ("huber_loss_weight", [_X3, _Y3, _R.random((4, 5, 3))], [0],
+     lambda F, x, y, w: F.huber_loss(x, y, weight=w)),
+    ("sdpa_gqa", [_R.standard_normal((2, 4, 3, 2)), _R.standard_normal((2, 2, 5, 2)),
+                  _R.standard_normal((2, 2, 5, 2))], [0, 1, 2],
+     lambda F, q, k, v: F.scaled_dot_product_attention(q, k, v, None, 0.0, False, scale=0.7,
+                                                       enable_gqa=True)),
     ("smooth_l1_loss", [_X3, _Y3], [0], lambda F, x, y: F.smooth_l1_loss(x, y, beta=0.5)),
     ("huber_loss", [_X3, _Y3], [0], lambda F, x, y: F.huber_loss(x, y, delta=0.7)),
     ("bce_with_logits", [_X3 * 4, _B3, _R.random(3) + 0.5, _R.random((5, 3))], [0],
@@ -574,3 +584,15 @@ def test_new_functional_errors():
     # PyTorch's deprecated size_average / reduce still map onto reduction
     assert F.l1_loss(ct.ones(2, 2), ct.zeros(2, 2), reduce=False).shape == (2, 2)
     assert F.l1_loss(ct.ones(2, 2), ct.zeros(2, 2), size_average=False).item() == 4.0
+
+
+def test_inplace_follows_pytorch_where_autograd_allows(mesh):
+    x = _t(np.array([[-1.0, 2.0], [3.0, -4.0]]), mesh, (S(0),) * mesh.ndim)
+    assert F.relu(x, inplace=True) is x and x.numpy().tolist() == [[0, 2], [3, 0]]
+    assert F.leaky_relu(x, 0.5, True) is x and F.silu(x, True) is x
+    w = _t(np.array([[-1.0, 2.0]]), mesh, (B,) * mesh.ndim, True)
+    h = w * 2.0
+    y = F.relu(h, inplace=True)       # recorded by autograd: the result, h left alone
+    assert y is not h and y.numpy().tolist() == [[0, 4]] and h.numpy().tolist() == [[-2, 4]]
+    y.sum().backward()
+    assert w.grad.numpy().tolist() == [[0, 2]]

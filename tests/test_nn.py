@@ -613,3 +613,20 @@ def test_embedding_padding_idx_and_tied_state_dict_from_torch(mesh):
         tied.load_state_dict({"0.weight": np.zeros((6, 4)), "2.weight": np.zeros(1)})
     with pytest.raises(ValueError, match="Embedding: argument 'padding_idx'"):
         nn.Embedding(5, 4, padding_idx=5)
+
+
+def test_constructor_and_state_dict_arguments_as_pytorch():
+    lin = nn.Linear(3, 2, True, "cpu", np.float64)           # PyTorch's positional order
+    assert lin.weight.dtype == np.float64
+    with pytest.raises(ValueError, match="Linear: argument 'device' is 'cuda:0'.*to_global"):
+        nn.Linear(3, 2, device="cuda:0")
+    table = ct.tensor(np.arange(6.0).reshape(3, 2))
+    emb = nn.Embedding(3, 2, _weight=table, _freeze=True)
+    assert emb.weight.numpy().tolist() == table.numpy().tolist()
+    assert not emb.weight.requires_grad
+    sd = lin.state_dict(prefix="fc.", keep_vars=True)
+    assert list(sd) == ["fc.weight", "fc.bias"] and sd["fc.weight"] is lin.weight
+    into = {}
+    assert lin.state_dict(into) is into and list(into) == ["weight", "bias"]
+    assert lin.load_state_dict(into, assign=True) == ([], [])
+    assert nn.ReLU(inplace=True)(ct.tensor(np.array([-1.0]))).numpy().tolist() == [0.0]

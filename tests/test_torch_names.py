@@ -571,3 +571,64 @@ def test_indexing_ops_match_torch(mesh, name, fn, differentiable):
             (expected * torch.tensor(weight)).sum().backward()
             np.testing.assert_allclose(x.grad.numpy(), t.grad.numpy(), rtol=1e-12,
                                        err_msg=f"gradient, {sbp}")
+
+
+# ----------------------------------------------------------------------------- issue 25: nn
+NN_NAMES = {
+    "nn": ["Linear", "Embedding", "LayerNorm", "RMSNorm", "Dropout", "GELU", "ReLU", "SiLU",
+           "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Softplus", "LeakyReLU", "Flatten",
+           "Unflatten", "Identity", "Sequential", "ModuleList", "ModuleDict", "ParameterList",
+           "ParameterDict", "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "MSELoss",
+           "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss"],
+    "nn.functional": ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "softplus",
+                      "leaky_relu", "softmax", "log_softmax", "layer_norm", "rms_norm",
+                      "embedding", "one_hot", "pad", "normalize", "dropout",
+                      "scaled_dot_product_attention", "cross_entropy", "nll_loss",
+                      "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
+                      "binary_cross_entropy", "binary_cross_entropy_with_logits"],
+    "nn.init": ["calculate_gain", "uniform_", "normal_", "trunc_normal_", "constant_",
+                "zeros_", "ones_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                "kaiming_normal_"],
+    "nn.Module": ["apply", "half", "float", "double", "named_parameters", "state_dict",
+                  "load_state_dict", "zero_grad", "train", "eval", "modules", "children"],
+}
+
+
+def _arguments(obj):
+    """The parameter names of a function, or of a class's ``__init__`` (without self);
+    None where the signature cannot be read (a builtin)."""
+    import inspect
+    target = obj.__init__ if isinstance(obj, type) else obj
+    try:
+        params = list(inspect.signature(target).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if params and params[0].name == "self":
+        params = params[1:]
+    return [(p.name, p.kind) for p in params
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def _lookup(root, path: str, name: str):
+    for part in path.split(".")[1:]:
+        root = getattr(root, part)
+    return getattr(root, name)
+
+
+@pytest.mark.parametrize("path", list(NN_NAMES))
+def test_nn_names_take_torch_arguments(path):
+    import ctensor.nn
+    torch = pytest.importorskip("torch")
+    import torch.nn  # noqa: F401
+    for name in NN_NAMES[path]:
+        ours = _lookup(ct, "ct." + path, name)
+        theirs = _lookup(torch, "torch." + path, name)
+        mine, torch_args = _arguments(ours), _arguments(theirs)
+        if torch_args is None or mine is None:
+            continue
+        names = [n for n, _ in mine]
+        missing = [n for n, _ in torch_args if n not in names]
+        assert not missing, f"{path}.{name}: torch's arguments {missing} are not accepted"
+        positional = [n for n, k in torch_args if k.name != "KEYWORD_ONLY"]
+        assert names[:len(positional)] == positional, \
+            f"{path}.{name}: positional arguments {names} differ from torch's {positional}"
