@@ -360,6 +360,8 @@ ERRORS = [
     ("setitem_shape", lambda x: x.__setitem__((slice(None), 0), np.ones(3)), ValueError,
      r"setitem: a value of shape \(3,\) cannot be assigned to the \(5,\) elements"),
     ("setitem_type", lambda x: x.__setitem__(0, "a"), TypeError, r"cannot assign a str"),
+    ("setitem_mask_shape", lambda x: x.__setitem__(np.ones(1, dtype=bool), 1.0), IndexError,
+     r"setitem: a mask of shape \(1,\) indexes dims 0\.\.0 of shape \(5,\)"),
     ("scatter_reduce", lambda x: x.scatter(1, ct.zeros(5, 1, dtype=np.int64,
                                                        placement=x.placement), 1.0,
                                            reduce="max"),

@@ -322,7 +322,7 @@ def assigned(t: Tensor, index, value, accumulate: bool = False, opname: str = "s
             return v
         return OPS.record("getitem").opdef.grads["assign"](t, v, index=entries)
     mask = _mask_only(index, t.ndim)
-    if mask is not None:
+    if mask is not None and tuple(mask.shape) == shape[:mask.ndim]:  # (else: the error below)
         k, rest = mask.ndim, shape[mask.ndim:]
         w = v.reshape(tuple(v.shape[1:])) if v.ndim == len(rest) + 1 and v.shape[0] == 1 \
             else v
