@@ -44,9 +44,15 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank
 # ----------------------------------------------------------------------------- comm log
 @dataclass(frozen=True)
 class CommEvent:
-    """One boxing step: which op caused it, the SBPs, the collective, the bytes moved (bytes
-    of the shards this process fed into it: in a simulation, those of every rank), the
-    logical shape and dtype of the tensor it moved, and its placements before and after."""
+    """One boxing step: which op caused it, the SBPs, the collective, the bytes moved, the
+    logical shape and dtype of the tensor it moved, and its placements before and after.
+
+    ``nbytes`` is a per-rank figure, the same under mpiexec and in a simulation: the bytes
+    of the shard a rank feeds into the collective (its part of an all-gather, its whole
+    buffer of an all-reduce, the messages it sends plus those it receives in a
+    ``send_recv``). Under mpiexec it is this process's rank's; a simulation, which feeds
+    every rank's shards at once, logs their mean per rank (each rank's own for an even
+    layout). Multiply by the ranks of the placement for the job's total."""
 
     op: str
     src: tuple
@@ -86,16 +92,18 @@ class CommLog(list):
 
     @property
     def total_bytes(self) -> int:
-        """Bytes this process fed into communicating steps."""
+        """Bytes one rank fed into the communicating steps (the sum of their per-rank
+        :attr:`CommEvent.nbytes`)."""
         return sum(e.nbytes for e in self if e.collective not in _LOCAL)
 
     def summary(self) -> str:
-        """A table: per op and collective, count and bytes, then the total.
+        """A table: per op and collective, count and bytes per rank (:class:`CommEvent`),
+        then the total.
 
         >>> print(log.summary())
-        op                      collective          count         bytes
-        to_global               all_gather              1    1.0 KiB
-        total                                           1    1.0 KiB
+        op                      collective          count    bytes/rank
+        to_global               all_gather              1       1.0 KiB
+        total                                           1       1.0 KiB
         """
         rows: dict = {}
         for e in self:
@@ -104,7 +112,7 @@ class CommLog(list):
             key = (e.op, e.collective)
             count, nbytes = rows.get(key, (0, 0))
             rows[key] = (count + 1, nbytes + e.nbytes)
-        head = f"{'op':<24}{'collective':<16}{'count':>9}{'bytes':>14}"
+        head = f"{'op':<24}{'collective':<16}{'count':>9}{'bytes/rank':>14}"
         if not rows:
             return head + "\n(no communication)"
         lines = [head]
@@ -130,7 +138,7 @@ def comm_log() -> Iterator[CommLog]:
     ...     y = x.to_global(sbp=ct.sbp.broadcast)
     >>> log.collectives()
     ['all_gather']
-    >>> print(log.summary())        # per op and collective: count and bytes
+    >>> print(log.summary())        # per op and collective: count and bytes per rank
     """
     log = CommLog()
     _logs.append(log)
@@ -164,16 +172,36 @@ def current_context() -> tuple:
 describe_step = context.describe_step
 
 
+def _per_rank(step, nbytes: int) -> int:
+    """:attr:`CommEvent.nbytes` from ``nbytes``, the bytes this process fed into ``step``.
+
+    Under mpiexec a process holds one rank, so they are already that rank's. A simulation
+    (or a shape-only world) feeds every rank's shards at once: the figure is their mean
+    per rank taking part (rounded; each rank's own for an even layout), so one script logs
+    the same figure both ways. A collective's ranks are its placement's; a ``send_recv``
+    counts each message at its sender and at its receiver, as each of those processes
+    logs it under mpiexec."""
+    from . import runtime
+    if len(runtime.world().held_ranks) <= 1:
+        return nbytes
+    messages = getattr(step, "messages", None)
+    if messages is not None:
+        ranks = {r for m, _ in messages if m.src != m.dst for r in (m.src, m.dst)}
+        return round(2 * nbytes / len(ranks)) if ranks else 0
+    return round(nbytes / step.before.placement.size)
+
+
 def record(step, nbytes: int) -> None:
     """Called by boxing for every step it runs (and by the shape-only executor for every
-    step it would run)."""
+    step it would run) with the bytes of the shards this process fed into it (a trace,
+    :mod:`ctensor.worktrace`, gets them as they are; the communication log per rank)."""
     if _trace.active:  # (a gradient's reduction is named so, whatever op boxes it)
         stack = context.op_stack
         _trace.comm(step, "grad_sync" if "grad_sync" in stack else stack[-1], nbytes)
     if not _logs:
         return
     event = CommEvent(context.op_stack[-1], step.before.sbp, step.after.sbp, step.collective,
-                      int(nbytes), step.mesh_axis, tuple(step.before.shape),
+                      _per_rank(step, int(nbytes)), step.mesh_axis, tuple(step.before.shape),
                       str(step.before.dtype), step.before.placement, step.after.placement)
     for log in _logs:
         log.append(event)

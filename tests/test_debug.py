@@ -108,13 +108,16 @@ def test_comm_log_summary_table():
     assert log.collectives() == ["all_gather", "all_gather", "all_reduce", "all_to_all",
                                  "reduce_scatter", "all_reduce"]
     lines = log.summary().splitlines()
-    assert lines[0].split() == ["op", "collective", "count", "bytes"]
+    assert lines[0].split() == ["op", "collective", "count", "bytes/rank"]
     rows = {tuple(line.split()[:3]) for line in lines[1:-1]}
     assert rows == {("to_global", "all_gather", "2"), ("to_global", "all_reduce", "2"),
                     ("to_global", "all_to_all", "1"), ("to_global", "reduce_scatter", "1")}
-    # bytes are what this process fed in: both simulated ranks' shards
-    assert log.total_bytes == 2 * 128 + 2 * 256 + 128 + 256
-    assert lines[-1].split() == ["total", "6", "1.1", "KiB"]
+    # bytes per rank, what one rank feeds in (as each process logs under mpiexec): its
+    # (2, 8) float32 part of the all-gathers and the all-to-all, its whole (4, 8) buffer of
+    # the all-reduces and the reduce-scatter
+    assert log.total_bytes == 2 * 64 + 2 * 128 + 64 + 128
+    assert [e.nbytes for e in log if e.collective != "local"] == [64, 64, 128, 64, 128, 128]
+    assert lines[-1].split() == ["total", "6", "576", "B"]
     assert str(log) == log.summary()
 
 
@@ -125,6 +128,38 @@ def test_comm_log_summary_without_communication():
             x.to_global(sbp=S0)                         # a local slice
     assert log.collectives() == []
     assert log.summary().endswith("(no communication)")
+
+
+def test_comm_log_bytes_are_per_rank_in_every_mode(mesh):
+    """The same script logs the same bytes in a simulation and under mpiexec (where each
+    process logs its own rank's): one rank's part of an all-gather, its whole buffer of an
+    all-reduce, the messages it sends plus those it receives in a send_recv. (A simulation
+    used to log the sum over every rank it holds: twice as much on 2 ranks.)"""
+    n = mesh.size
+    if n == 1:
+        pytest.skip("one rank: no communication")
+    full = (S0,) * mesh.ndim
+    x = ct.ones(4 * n, 3, placement=mesh, sbp=full)            # (4, 3) float32 per rank
+    y = ct.ones(5, 3, placement=mesh, sbp=(P,) * mesh.ndim)    # (5, 3) float32 on each rank
+    with ct.debug.comm_log() as log:
+        x.to_global(sbp=(B,) * mesh.ndim)
+        y.to_global(sbp=(B,) * mesh.ndim)
+    gathers = [e.nbytes for e in log if e.collective == "all_gather"]
+    reduces = [e.nbytes for e in log if e.collective == "all_reduce"]
+    if multi_process() and ct.rank() not in mesh:  # a rank outside feeds nothing
+        assert log.total_bytes == 0, log
+        return
+    if mesh.ndim == 1:
+        assert gathers == [4 * 3 * 4] and reduces == [5 * 3 * 4], log
+        assert log.total_bytes == 4 * 3 * 4 + 5 * 3 * 4
+        if n % 2 == 0:  # every rank sends its block to the mirror rank and gets its block
+            mirror = ct.placement("cpu", list(reversed(mesh.rank_list)))
+            with ct.debug.comm_log() as moved:
+                x.to_global(mirror, (S0,))
+            assert [e.nbytes for e in moved if e.collective == "send_recv"] == \
+                [2 * 4 * 3 * 4], moved
+    else:  # (2, 2): the mesh axes one by one, each rank's buffer at that point
+        assert gathers == [4 * 3 * 4, 2 * 4 * 3 * 4] and reduces == [5 * 3 * 4] * 2, log
 
 
 def test_comm_log_names_the_op(mesh):
