@@ -202,12 +202,20 @@ def _multinomial_kernel(xp, p, u, num_samples, replacement):
         for r in range(rows.shape[0]):
             out[r] = xp.searchsorted(cdf[r], targets[r], side="right")
     else:
-        positive = rows > 0
-        race = -xp.log1p(-draws)            # exponential, finite (u < 1)
-        keys = xp.where(positive, race / xp.where(positive, rows, 1.0), xp.inf)
+        # exponential draws (1 - u is exact and positive), over the weights: a zero weight
+        # gives inf (nan when u is 0), which sorts after every finite key, as NumPy and CuPy
+        # sort nan last (kernels run with floating-point warnings off)
+        keys = xp.log(1.0 - draws)
+        keys *= -1.0
+        keys /= rows
+        if num_samples < keys.shape[-1]:  # the k smallest (all finite: k <= positives), then
+            part = xp.argpartition(keys, num_samples - 1, axis=-1)[:, :num_samples]
+            keys = xp.take_along_axis(keys, part, axis=-1)      # in order
+        else:
+            part = None
         order = xp.argsort(keys, axis=-1, kind="stable") if xp is np else \
             xp.argsort(keys, axis=-1)
-        out = order[:, :num_samples]
+        out = order if part is None else xp.take_along_axis(part, order, axis=-1)
     return out[0] if p.ndim == 1 else out
 
 

@@ -34,7 +34,9 @@ def _multinomial_ref(p, k, replacement):
         out = np.stack([np.searchsorted(c, uu * c[-1], side="right") for c, uu in zip(cdf, u)])
     else:
         u = _uniform(p.shape).reshape(rows.shape)
-        out = np.argsort(-np.log1p(-u) / rows, axis=-1, kind="stable")[:, :k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            keys = -np.log(1.0 - u) / rows
+        out = np.argsort(keys, axis=-1, kind="stable")[:, :k]
     return out.reshape(p.shape[:-1] + (k,))
 
 
