@@ -377,14 +377,45 @@ class Module:
             p.requires_grad_(requires_grad)
         return self
 
-    def to(self, dtype) -> "Module":
-        """Cast every floating parameter and buffer to ``dtype`` in place."""
+    def to(self, *args, **kwargs) -> "Module":
+        """PyTorch's ``module.to(...)``: ``to(dtype)`` casts every floating parameter and
+        buffer in place; ``to("cpu")`` (or ``device="cpu"``) is a no-op — modules live on
+        every rank's default device until laid out; ``to(placement)`` lays every parameter
+        out broadcast there (``to_global``); ``to(tensor)`` takes its dtype. Any other
+        device raises with the fix (``to_global``).
+
+        >>> model.to("cpu").to(ct.float64)
+        """
+        dtype, device = kwargs.pop("dtype", None), kwargs.pop("device", None)
+        kwargs.pop("non_blocking", None), kwargs.pop("copy", None)
+        kwargs.pop("memory_format", None)
+        if kwargs:
+            raise TypeError(f"Module.to: got unexpected keyword arguments {sorted(kwargs)}")
+        for a in args:
+            if isinstance(a, ct.Tensor):
+                dtype = a.dtype
+            elif isinstance(a, (str, ct.Placement)) or a is None:
+                device = a
+            else:
+                dtype = a
+        if isinstance(device, ct.Placement):
+            self.to_global(device, (ct.sbp.broadcast,) * device.ndim)
+        elif device is not None and str(device) != "cpu":
+            raise ValueError(f"Module.to: device {device!r}: ctensor places modules by "
+                             f"placement; lay it out with module.to_global(ct.placement("
+                             f"'cuda', ranks), sbp) or module.to(placement)")
+        if dtype is None:
+            return self
         for p in self.parameters():
             p.cast_(dtype)
         for mod in self.modules():
             for name, b in list(mod._buffers.items()):
                 if b is not None and b.dtype.kind in "fc":
                     mod._buffers[name] = b.to(dtype)
+        return self
+
+    def cpu(self) -> "Module":
+        """A no-op (PyTorch's ``module.cpu()``): modules are built on the default device."""
         return self
 
     def double(self) -> "Module":

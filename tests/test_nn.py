@@ -8,7 +8,7 @@ import pytest
 import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
-from conftest import assert_layout
+from conftest import assert_layout, world
 
 S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
 RNG = np.random.default_rng(11)
@@ -630,3 +630,12 @@ def test_constructor_and_state_dict_arguments_as_pytorch():
     assert lin.state_dict(into) is into and list(into) == ["weight", "bias"]
     assert lin.load_state_dict(into, assign=True) == ([], [])
     assert nn.ReLU(inplace=True)(ct.tensor(np.array([-1.0]))).numpy().tolist() == [0.0]
+    # Module.to as PyTorch programs call it
+    assert lin.to("cpu") is lin and lin.cpu() is lin and lin.weight.dtype == np.float64
+    assert lin.to(device="cpu", dtype=ct.float32).weight.dtype == np.float32
+    assert lin.to(ct.zeros(1, dtype=np.float64)).weight.dtype == np.float64
+    with pytest.raises(ValueError, match="Module.to: device 'cuda'.*to_global"):
+        lin.to("cuda")
+    with world(2):
+        mesh = ct.placement("cpu", [0, 1])
+        assert nn.Linear(2, 2).to(mesh).weight.placement == mesh
