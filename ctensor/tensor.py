@@ -391,6 +391,8 @@ class Tensor:
     def __imul__(self, o): return OPS.mul_(self, o)
     def __itruediv__(self, o): return OPS.div_(self, o)
     def __ipow__(self, o): return OPS.pow_(self, o)
+    def __imod__(self, o): return OPS.remainder_(self, o)
+    def __ifloordiv__(self, o): return OPS.floor_divide_(self, o)
     __hash__ = object.__hash__
 
     @property

@@ -21,6 +21,7 @@ from . import rearrange  # noqa: F401
 from . import comparison  # noqa: F401
 from . import einsum  # noqa: F401
 from . import inplace  # noqa: F401
+from . import inplace_math  # noqa: F401
 from . import sampling  # noqa: F401
 from . import factory  # noqa: F401
 from . import optimizer  # noqa: F401
