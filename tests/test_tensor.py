@@ -391,3 +391,21 @@ def test_creation_errors(call, exc, words):
     with pytest.raises(exc) as info:
         call()
     assert words in str(info.value)
+
+
+def test_a_leaf_hook_sees_the_whole_gradient_in_data_parallel(mesh):
+    rng = np.random.default_rng(3)
+    a, xs = rng.standard_normal((3, 2)), rng.standard_normal((8, 3))
+    w = ct.tensor(a, placement=mesh, requires_grad=True)               # replicated
+    x = ct.tensor(xs, placement=mesh, sbp=(S0,) * mesh.ndim)           # a split batch
+    seen = []
+
+    def hook(g):
+        seen.append(g.numpy())
+        return g.clamp(-1.0, 1.0)       # not linear: needs the reduced gradient's values
+    w.register_hook(hook)
+    ((x @ w) ** 2).sum().backward()
+    full = 2.0 * xs.T @ (xs @ a)
+    np.testing.assert_allclose(seen[0], full, rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), np.clip(full, -1, 1), rtol=1e-12)
+    assert w.grad.sbp == (B,) * mesh.ndim
