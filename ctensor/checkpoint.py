@@ -39,9 +39,9 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from .arrays import is_host, to_host
+from .arrays import to_host
 from .checkpoint_io import (CHECKSUM, ChecksumError, SaveHandle, file_checksum,
-                            finish_pending, sync_directory, write_text)
+                            finish_pending, read_into, stage, sync_directory, write_text)
 from .creation import generate, resolve
 from .layout import intersect, slices
 from .placement import Placement
@@ -177,9 +177,8 @@ def _regions(t: Tensor, index: int) -> list:
 
 
 def _host_copy(arr, copy: bool) -> np.ndarray:
-    """``arr`` in host memory; a copy of its own when ``copy`` (a device array's is one)."""
-    host = to_host(arr)
-    return np.array(host, order="C", copy=True) if copy and is_host(arr) else host
+    """``arr`` in host memory; with ``copy`` a copy of its own (in a reused staging buffer)."""
+    return stage(arr) if copy else to_host(arr)
 
 
 def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
@@ -254,7 +253,8 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     def all_ranks(flag: bool) -> bool:
         return all(w.exchange({r: flag for r in w.held_ranks}))
 
-    handle = SaveHandle(path, files, commit, background=async_op, all_ranks=all_ranks)
+    handle = SaveHandle(path, files, commit, background=async_op, all_ranks=all_ranks,
+                        staged=async_op)
     if async_op:
         return handle
     handle.wait()
@@ -330,10 +330,12 @@ class _Verifier:
         self.expected = expected  # {file: crc}; None: a version-1 checkpoint (no checksums)
         self.verified: set = set()
 
-    def __call__(self, name: str, what: str) -> None:
+    def __call__(self, name: str, what: str, got: Optional[int] = None) -> None:
+        """Check ``name`` (``got``: its checksum, if the caller computed it on a read)."""
         if self.expected is None or name in self.verified:
             return
-        got = file_checksum(os.path.join(self.directory, name))
+        if got is None:
+            got = file_checksum(os.path.join(self.directory, name))
         if got != self.expected.get(name):
             raise ChecksumError(
                 f"load: checkpoint {self.directory!r} is corrupt: file {name!r} ({what}) has "
@@ -428,6 +430,11 @@ def _read_region(region: tuple, dtype: np.dtype, regions: list, cache: dict,
     out = np.empty(tuple(b - a for a, b in region), dtype=dtype)
     for file, saved in regions:
         common = intersect(region, saved)
+        if common == region == saved and file not in verify.verified:  # the whole file:
+            full = os.path.join(verify.directory, file)                 # read and verify
+            got = read_into(full, cache[file].offset, out)             # in one pass
+            verify(file, _region_text(name, shape, saved), got)
+            continue
         if common is not None:
             verify(file, _region_text(name, shape, saved))
             out[slices(common, region)] = cache[file][slices(common, saved)]

@@ -1,0 +1,170 @@
+"""Checkpoints: ``python benchmarks/checkpoint.py`` (or under ``mpiexec -n 2``).
+
+A ~512 MiB state (8 float32 tensors, split over the ranks) and a "training step" that
+updates every array in place (``mul_``, as an optimizer step does). Measured in one run,
+medians of ``--repeat``:
+
+* **the stall of an asynchronous save**: ``ct.save(state, path, async_op=True)`` in the loop,
+  ``handle.poll()`` once per step until it is committed; the stall is the loop's extra time
+  over as many plain steps (measured just before), against the time of a synchronous
+  ``ct.save`` of the same state (target: <= 15%);
+* **throughput** in MB/s: ``ct.save`` (CRC-32 and fsync of every file, the commit) and
+  ``ct.load`` (every file verified) against ``np.save`` / ``np.load`` of the same arrays, one
+  file each (``np.save`` does not fsync: the row with fsync is given too; the loads read
+  files written with fsync and dropped from the page cache, as ``ct.save`` leaves its own).
+
+It checks what it times: the asynchronous checkpoint, loaded, holds the values of the
+moment of the save although the loop changed them meanwhile. ``--quick``: 8 MiB, one repeat.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+from harness import add_quick, one_blas_thread, positive_int, settle
+
+one_blas_thread()
+
+import numpy as np  # noqa: E402
+
+import ctensor as ct  # noqa: E402
+
+N_TENSORS = 8
+COLUMNS = 1024
+
+
+def make_state(mib: int) -> dict:
+    rows = max(ct.world_size(), mib * 2 ** 20 // (4 * COLUMNS * N_TENSORS))
+    return {f"layer{i}.weight": ct.randn(rows, COLUMNS, dtype=np.float32, sbp=ct.sbp.split(0))
+            for i in range(N_TENSORS)}
+
+
+def train_step(state: dict) -> None:
+    for t in state.values():
+        t.mul_(0.9999)  # every array changes in place, as an optimizer step's
+
+
+def fingerprint(state: dict) -> list:
+    """Exact per-tensor sums in float64 (equal arrays, equal sums)."""
+    return [float(t.to(ct.float64).sum()) for t in state.values()]
+
+
+def barrier() -> None:
+    ct.ones(ct.world_size(), sbp=ct.sbp.split(0)).numpy()
+
+
+def median_time(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def async_stall(state: dict, path: str, repeat: int) -> tuple:
+    """(call seconds, stall seconds, steps the save was in flight), medians; checks the
+    loaded checkpoint against the values at the moment of the save."""
+    calls, stalls, steps = [], [], []
+    for r in range(repeat):
+        base = median_time(lambda: train_step(state), 5)
+        expected = fingerprint(state)
+        barrier()
+        t0 = time.perf_counter()
+        handle = ct.save(state, path, async_op=True)
+        t_call = time.perf_counter() - t0
+        n = 0
+        while not handle.poll():
+            train_step(state)
+            n += 1
+        total = time.perf_counter() - t0
+        calls.append(t_call)
+        stalls.append(max(0.0, total - n * base))
+        steps.append(n)
+        if r == 0:
+            got = fingerprint(ct.load(path, sbp=ct.sbp.split(0)))
+            if got != expected:
+                raise SystemExit(f"checkpoint.py: the asynchronous checkpoint holds "
+                                 f"{got}, the state at the save was {expected}")
+    return statistics.median(calls), statistics.median(stalls), statistics.median(steps)
+
+
+def numpy_side(state: dict, directory: str, repeat: int) -> tuple:
+    """(np.save, np.save + fsync, np.load) seconds of this rank's shards, one file each."""
+    shards = [arr for t in state.values() for arr in t.local_shards().values()]
+    files = [os.path.join(directory, f"np{ct.rank()}_{i}.npy") for i in range(len(shards))]
+
+    def save(sync: bool) -> None:
+        for name in files:  # new files each time, as a checkpoint's are
+            if os.path.exists(name):
+                os.remove(name)
+        for name, arr in zip(files, shards):
+            with open(name, "wb") as f:
+                np.save(f, arr)
+                if sync:  # and out of the page cache, as ct.save leaves its files
+                    f.flush()
+                    os.fsync(f.fileno())
+                    os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def load() -> None:
+        for name in files:
+            np.load(name)
+
+    return (median_time(lambda: save(False), repeat), median_time(lambda: save(True), repeat),
+            median_time(load, repeat))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=positive_int, help="state size in MiB (default 512)")
+    parser.add_argument("--repeat", type=positive_int, help="runs of each, median (default 3)")
+    parser.add_argument("--dir", help="where to write (default: a temporary directory)")
+    add_quick(parser)
+    args = settle(parser.parse_args(), dict(mib=512, repeat=3), dict(mib=8, repeat=1))
+    own = args.dir is None
+    directory = tempfile.mkdtemp(prefix="ctensor-ckpt-bench-") if own else args.dir
+    if ct.world_size() > 1:  # every rank writes into rank 0's directory
+        directory = ct.runtime.world().exchange({ct.rank(): directory})[0]
+    os.makedirs(directory, exist_ok=True)
+    try:
+        run(args, directory)
+    finally:
+        barrier()
+        if own and ct.rank() == 0:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def run(args, directory: str) -> None:
+    state = make_state(args.mib)
+    nbytes = sum(t.numel() * 4 for t in state.values())
+    mb = nbytes / 1e6
+    sync_path, async_path = os.path.join(directory, "sync"), os.path.join(directory, "async")
+    t_save = median_time(lambda: ct.save(state, sync_path), args.repeat)
+    t_load = median_time(lambda: ct.load(sync_path, sbp=ct.sbp.split(0)), args.repeat)
+    t_np_save, t_np_fsync, t_np_load = numpy_side(state, directory, args.repeat)
+    t_call, t_stall, n_steps = async_stall(state, async_path, args.repeat)
+    t_step = median_time(lambda: train_step(state), 5)
+    if ct.rank() != 0:
+        return
+    print(f"state: {mb:,.0f} MB in {N_TENSORS} float32 tensors, split over {ct.world_size()} "
+          f"rank(s); a training step (mul_ of every array) takes {t_step * 1e3:.0f} ms; "
+          f"medians of {args.repeat}")
+    print(f"{'':34s} {'seconds':>8s} {'MB/s':>8s} {'vs numpy':>9s}")
+    rows = [("np.save (no fsync)", t_np_save, None), ("np.save + fsync", t_np_fsync, None),
+            ("ct.save (CRC-32, fsync, commit)", t_save, t_np_save),
+            ("np.load", t_np_load, None), ("ct.load (every file verified)", t_load, t_np_load)]
+    for name, seconds, ref in rows:
+        ratio = f"{ref / seconds:8.2f}x" if ref else ""
+        print(f"{name:34s} {seconds:8.3f} {mb / seconds:8.0f} {ratio:>9s}")
+    print(f"async save: the call (host copies) {t_call:.3f} s; in flight for {n_steps:.0f} "
+          f"steps; the loop stalled {t_stall:.3f} s = {t_stall / t_save:.0%} of the "
+          f"synchronous save's {t_save:.3f} s (target <= 15%)")
+
+
+if __name__ == "__main__":
+    main()
