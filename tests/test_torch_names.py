@@ -632,3 +632,47 @@ def test_nn_names_take_torch_arguments(path):
         positional = [n for n, k in torch_args if k.name != "KEYWORD_ONLY"]
         assert names[:len(positional)] == positional, \
             f"{path}.{name}: positional arguments {names} differ from torch's {positional}"
+
+
+def test_issue25_reductions_over_a_split_dim_move_only_row_statistics(mesh):
+    a = _mixed((4, 6))
+    x = _t(a, mesh, (S(1),) * mesh.ndim, grad=True)
+    with ct.debug.comm_log() as log:
+        lse = x.logsumexp(1)
+        hits = (x > 0).any(1)
+        every = (x > -9).all(1)
+    assert "all_gather" not in log.collectives()         # the max and the sum, per row
+    assert hits.sbp == (ct.sbp.partial_max,) * mesh.ndim    # the OR across ranks, pending
+    assert every.sbp == (ct.sbp.partial_min,) * mesh.ndim
+    np.testing.assert_allclose(lse.numpy(), np.log(np.exp(a).sum(1)), rtol=1e-12)
+    np.testing.assert_array_equal(hits.numpy(), (a > 0).any(1))
+    assert every.numpy().all()
+    lse.sum().backward()                                 # the softmax, in x's layout
+    np.testing.assert_allclose(x.grad.numpy(), np.exp(a) / np.exp(a).sum(1, keepdims=True))
+    assert x.grad.sbp == x.sbp
+
+
+IN_PLACE = [
+    ("floor_", lambda x: x.floor_()), ("ceil_", lambda x: x.ceil_()),
+    ("trunc_", lambda x: x.trunc_()), ("round_", lambda x: x.round_(decimals=1)),
+    ("clip_", lambda x: x.clip_(-0.5, 0.5)), ("nan_to_num_", lambda x: x.log().nan_to_num_()),
+    ("remainder_", lambda x: x.remainder_(0.7)), ("fmod_", lambda x: x.fmod_(-0.7)),
+    ("floor_divide_", lambda x: x.floor_divide_(0.3)),
+]
+
+
+@pytest.mark.parametrize("name, fn", IN_PLACE, ids=[n for n, _ in IN_PLACE])
+def test_issue25_in_place_forms_match_torch(mesh, name, fn):
+    torch = _torch()
+    a = _mixed((5, 3))
+    x, t = _t(a, mesh, (S(0),) * mesh.ndim), torch.tensor(a)
+    out, expected = fn(x), fn(t)
+    np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=1e-12, atol=1e-12)
+    if name != "nan_to_num_":
+        assert out is x and x.sbp == (S(0),) * mesh.ndim
+    y = x.clone()
+    y %= 0.5
+    z = x.clone()
+    z //= 0.5
+    np.testing.assert_allclose(y.numpy(), np.remainder(x.numpy(), 0.5))
+    np.testing.assert_allclose(z.numpy(), np.floor_divide(x.numpy(), 0.5))
