@@ -8,10 +8,10 @@ without torch the ctensor model's own), and the losses and every parameter's gra
 agree in float64 to 1e-9. The ctensor run is then repeated laid out tensor-parallel and
 data-parallel over every rank of the world by SBP rules alone (``module.to_global(mesh,
 {pattern: sbp})`` and inputs ``to_global``), with no change to the program, and must agree
-with the single-process run again.
+with the single-process run again; and on a (data, tensor) = (2, 2) mesh.
 
-The layouts run over all ranks of the world (2 simulated, or every rank under mpiexec),
-so the model dimensions are multiples of 4.
+The 1-D layouts run over all ranks of the world (2 simulated, or every rank under
+mpiexec), so the model dimensions are multiples of 4.
 """
 from __future__ import annotations
 
@@ -444,9 +444,11 @@ def run_ctensor(build, arrays, state, mesh=None, rules=None, batch_dim=None):
         model.load_state_dict(state)
     inputs = [ctensor.tensor(a) for a in arrays]
     if mesh is not None:
-        model.to_global(mesh, rules or B)
-        sbp = B if batch_dim is None else S(batch_dim)
-        inputs = [x.to_global(mesh, sbp) for x in inputs]
+        model.to_global(mesh, rules or (B,) * mesh.ndim)
+        sbp = [B] * mesh.ndim
+        if batch_dim is not None:  # data parallel along mesh axis 0
+            sbp[0] = S(batch_dim)
+        inputs = [x.to_global(mesh, tuple(sbp)) for x in inputs]
     loss = _loss(model, inputs)
     loss.backward()
     own = {k: v.numpy() for k, v in model.state_dict().items()}
@@ -499,6 +501,31 @@ def test_program_parallel_by_sbp_rules_alone(name, layout):
         else:
             got = run_ctensor(build, arrays, one[0], mesh, None, batch_dim=0)
         assert_same(got[:3], one[:3], f"{name} {layout} over {mesh}")
+
+
+# Llama and nanoGPT make tensors inside forward (the rotary tables and the causal mask,
+# the positions) with no placement: they live broadcast on the 1-D placement of the whole
+# world, and an op refuses to mix that with the (2, 2) mesh of the activations although
+# the ranks and values are the same
+_MADE_IN_FORWARD = pytest.mark.xfail(
+    strict=True, reason="needs a 1-D broadcast tensor to meet a 2-D mesh over the same ranks "
+                        "(or a default placement for tensors made in forward)")
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_MADE_IN_FORWARD)
+                                  if n in ("llama", "nanogpt") else n for n in PROGRAMS])
+def test_program_on_a_data_and_tensor_parallel_mesh(name):
+    # a (dp, tp) = (2, 2) mesh: the 1-D rules on the tensor-parallel axis, broadcast on the
+    # data-parallel one, the batch split along it
+    build, batch, tp_rules = PROGRAMS[name]
+    arrays = batch()
+    with float64(), world(4):
+        one = run_ctensor(build, arrays, None)
+        mesh = ctensor.placement("cpu", [[0, 1], [2, 3]])
+        rules = {k: (B, v) for k, v in tp_rules.items()}
+        got = run_ctensor(build, arrays, one[0], mesh, rules, batch_dim=0)
+        assert any(sbp[1] != B for sbp in got[3].values())
+        assert_same(got[:3], one[:3], f"{name} on {mesh}")
 
 
 def _batches(n=6):
