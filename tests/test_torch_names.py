@@ -676,3 +676,26 @@ def test_issue25_in_place_forms_match_torch(mesh, name, fn):
     z //= 0.5
     np.testing.assert_allclose(y.numpy(), np.remainder(x.numpy(), 0.5))
     np.testing.assert_allclose(z.numpy(), np.floor_divide(x.numpy(), 0.5))
+
+
+ISSUE25_NAMES = ["erf", "floor", "ceil", "trunc", "round", "remainder", "fmod",
+                 "floor_divide", "any", "all", "logsumexp", "cumprod", "diff", "isnan", "isinf",
+                 "isfinite", "nan_to_num", "clip", "roll", "repeat_interleave", "unbind",
+                 "unflatten", "movedim", "moveaxis", "expand_as", "bmm", "mm", "mv", "dot",
+                 "addmm", "baddbmm", "allclose", "isclose", "equal", "max", "min", "concat",
+                 "concatenate", "outer", "ger", "floor_", "ceil_", "trunc_", "round_", "clip_",
+                 "nan_to_num_", "remainder_", "fmod_", "floor_divide_"]
+
+
+def test_issue25_names_exist_where_torch_has_them():
+    torch = _torch()
+    for name in ISSUE25_NAMES:
+        on_torch = hasattr(torch, name)
+        assert hasattr(ct, name) or not on_torch, f"ct.{name} is missing"
+        if hasattr(torch.Tensor, name):
+            assert hasattr(ct.Tensor, name), f"Tensor.{name} is missing"
+    for name in ("norm", "vector_norm", "matrix_norm"):
+        assert callable(getattr(ct.linalg, name)) and hasattr(torch.linalg, name)
+    for dunder in ("__mod__", "__rmod__", "__floordiv__", "__rfloordiv__", "__imod__",
+                   "__ifloordiv__"):
+        assert dunder in vars(ct.Tensor), dunder
