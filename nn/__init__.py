@@ -9,10 +9,12 @@ from .module import Module, Parameter
 from .layers import (Linear, Embedding, LayerNorm, RMSNorm, Dropout, GELU, ReLU, Identity,
                      Sequential, ModuleList, ModuleDict, ParameterList, ParameterDict)
 from .activation import (SiLU, Tanh, Sigmoid, Softmax, LogSoftmax, Softplus, LeakyReLU,
+                         ELU, SELU, Mish, ReLU6, Hardswish, Hardtanh, LogSigmoid, GLU,
                          Flatten, Unflatten)
-from .attention import MultiheadAttention
+from .attention import MultiheadAttention, TransformerEncoderLayer, TransformerEncoder
+from .normalization import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .losses import (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, HuberLoss,
-                     BCELoss, BCEWithLogitsLoss)
+                     BCELoss, BCEWithLogitsLoss, KLDivLoss)
 from . import init
 from .transformer import CausalSelfAttention, MLP, Block, GPT
 from .fsdp import fully_shard, mixed_precision, compute_dtype
@@ -21,8 +23,11 @@ from . import fsdp, parallel, utils
 __all__ = ["functional", "init", "Module", "Parameter", "Linear", "Embedding", "LayerNorm",
            "RMSNorm", "Dropout", "GELU", "ReLU", "Identity", "Sequential", "ModuleList",
            "ModuleDict", "ParameterList", "ParameterDict", "SiLU", "Tanh", "Sigmoid",
-           "Softmax", "LogSoftmax", "Softplus", "LeakyReLU", "Flatten", "Unflatten",
-           "MultiheadAttention", "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss",
-           "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
+           "Softmax", "LogSoftmax", "Softplus", "LeakyReLU", "ELU", "SELU", "Mish", "ReLU6",
+           "Hardswish", "Hardtanh", "LogSigmoid", "GLU", "Flatten", "Unflatten",
+           "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder",
+           "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "CrossEntropyLoss", "NLLLoss",
+           "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
+           "KLDivLoss",
            "CausalSelfAttention", "MLP", "Block", "GPT",
            "parallel", "utils", "fsdp", "fully_shard", "mixed_precision", "compute_dtype"]

@@ -11,6 +11,7 @@ from . import functional as F
 from .module import Module
 
 __all__ = ["SiLU", "Tanh", "Sigmoid", "Softmax", "LogSoftmax", "Softplus", "LeakyReLU",
+           "ELU", "SELU", "Mish", "ReLU6", "Hardswish", "Hardtanh", "LogSigmoid", "GLU",
            "Flatten", "Unflatten"]
 
 
@@ -148,3 +149,84 @@ class Unflatten(Module):
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, unflattened_size={self.unflattened_size}"
+
+
+class _Elementwise(Module):
+    """An activation module with an ``inplace`` flag, calling ``F.<name>``."""
+
+    _name = ""
+
+    def __init__(self, inplace: bool = False):
+        super().__init__()
+        self.inplace = bool(inplace)
+
+    def forward(self, x):
+        return getattr(F, self._name)(x, inplace=self.inplace)
+
+
+class ELU(Module):
+    """``x`` for positive ``x``, else ``alpha (exp(x) - 1)``."""
+
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        super().__init__()
+        self.alpha, self.inplace = alpha, bool(inplace)
+
+    def forward(self, x):
+        return F.elu(x, self.alpha, self.inplace)
+
+
+class SELU(_Elementwise):
+    """Scaled ELU with SELU's constants."""
+
+    _name = "selu"
+
+
+class Mish(_Elementwise):
+    """``x * tanh(softplus(x))``."""
+
+    _name = "mish"
+
+
+class ReLU6(_Elementwise):
+    """``min(max(x, 0), 6)``."""
+
+    _name = "relu6"
+
+
+class Hardswish(_Elementwise):
+    """``x * relu6(x + 3) / 6``."""
+
+    _name = "hardswish"
+
+
+class Hardtanh(Module):
+    """``x`` clipped to ``[min_val, max_val]``."""
+
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False,
+                 min_value: Optional[float] = None, max_value: Optional[float] = None):
+        super().__init__()
+        # min_value / max_value: PyTorch's deprecated spellings, which win when given
+        min_val = min_val if min_value is None else min_value
+        max_val = max_val if max_value is None else max_value
+        self.min_val, self.max_val, self.inplace = min_val, max_val, bool(inplace)
+
+    def forward(self, x):
+        return F.hardtanh(x, self.min_val, self.max_val, self.inplace)
+
+
+class LogSigmoid(Module):
+    """``log(sigmoid(x))``, stably."""
+
+    def forward(self, x):
+        return F.logsigmoid(x)
+
+
+class GLU(Module):
+    """Gated linear unit along ``dim``."""
+
+    def __init__(self, dim: int = -1):
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x):
+        return F.glu(x, self.dim)

@@ -12,6 +12,7 @@ mask is added to the scores.
 """
 from __future__ import annotations
 
+import copy
 import math
 from typing import Optional
 
@@ -22,10 +23,11 @@ import ctensor as ct
 from . import functional as F
 from . import init
 from ._checks import check_probability, check_tensor
-from .layers import Linear, _dtype, _positive, check_device
+from .layers import (Dropout, LayerNorm, Linear, ModuleList, _dtype, _positive,
+                     check_device)
 from .module import Module, Parameter
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder"]
 
 
 def _additive(fn: str, arg: str, mask, dtype):
@@ -179,3 +181,87 @@ class MultiheadAttention(Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, "
                 f"dropout={self.dropout}, batch_first={self.batch_first}")
+
+
+_ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu}
+
+
+class TransformerEncoderLayer(Module):
+    """PyTorch's ``nn.TransformerEncoderLayer``: self-attention and a feed-forward block,
+    each with a residual and a LayerNorm (after, or before with ``norm_first``), under
+    PyTorch's parameter names (``self_attn``, ``linear1``, ``linear2``, ``norm1``,
+    ``norm2``), so its ``state_dict`` loads.
+
+    >>> layer = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, batch_first=True)
+    >>> y = layer(x, src_key_padding_mask=pad)
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation="relu", layer_norm_eps: float = 1e-5,
+                 batch_first: bool = False, norm_first: bool = False, bias: bool = True,
+                 device=None, dtype=None):
+        super().__init__()
+        fn = "TransformerEncoderLayer"
+        check_device(fn, device)
+        if isinstance(activation, str):
+            if activation not in _ACTIVATIONS:
+                raise ValueError(f"{fn}: argument 'activation' is {activation!r}, accepted "
+                                 f"{sorted(_ACTIVATIONS)} or a callable")
+            activation = _ACTIVATIONS[activation]
+        elif not callable(activation):
+            raise TypeError(f"{fn}: argument 'activation' must be a str or callable, got "
+                            f"{type(activation).__name__}")
+        self.self_attn = MultiheadAttention(d_model, nhead, dropout=dropout, bias=bias,
+                                            batch_first=batch_first, dtype=dtype)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias, dtype=dtype)
+        self.dropout = Dropout(dropout)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias, dtype=dtype)
+        self.norm_first = bool(norm_first)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias, dtype=dtype)
+        self.dropout1 = Dropout(dropout)
+        self.dropout2 = Dropout(dropout)
+        self.activation = activation
+
+    def _sa_block(self, x, attn_mask, key_padding_mask, is_causal):
+        x = self.self_attn(x, x, x, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                           need_weights=False, is_causal=is_causal)[0]
+        return self.dropout1(x)
+
+    def _ff_block(self, x):
+        return self.dropout2(self.linear2(self.dropout(self.activation(self.linear1(x)))))
+
+    def forward(self, src, src_mask=None, src_key_padding_mask=None, is_causal: bool = False):
+        x = src
+        if self.norm_first:
+            x = x + self._sa_block(self.norm1(x), src_mask, src_key_padding_mask, is_causal)
+            return x + self._ff_block(self.norm2(x))
+        x = self.norm1(x + self._sa_block(x, src_mask, src_key_padding_mask, is_causal))
+        return self.norm2(x + self._ff_block(x))
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` copies of ``encoder_layer`` (its weights copied, as PyTorch's
+    ``deepcopy``), then ``norm`` if given; ``layers.0``, ``layers.1``, ... as PyTorch.
+
+    >>> enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 4, 32), num_layers=2)
+    """
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int,
+                 norm: Optional[Module] = None, enable_nested_tensor: bool = True,
+                 mask_check: bool = True):
+        super().__init__()
+        num_layers = _positive("TransformerEncoder", "num_layers", num_layers)
+        self.layers = ModuleList([copy.deepcopy(encoder_layer) for _ in range(num_layers)])
+        self.num_layers = num_layers
+        if norm is not None:
+            self.norm = norm
+        else:
+            self.register_parameter("norm", None)
+
+    def forward(self, src, mask=None, src_key_padding_mask=None, is_causal=None):
+        out = src
+        for layer in self.layers:
+            out = layer(out, src_mask=mask, src_key_padding_mask=src_key_padding_mask,
+                        is_causal=bool(is_causal))
+        return out if self.norm is None else self.norm(out)

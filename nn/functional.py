@@ -28,13 +28,16 @@ import ctensor as ct
 
 from ._checks import check_float, check_int, check_probability, check_tensor
 from .losses import (binary_cross_entropy, binary_cross_entropy_with_logits,  # noqa: F401
-                     cross_entropy, huber_loss, l1_loss, mse_loss, nll_loss, smooth_l1_loss)
+                     cross_entropy, huber_loss, kl_div, l1_loss, mse_loss, nll_loss,
+                     smooth_l1_loss)
 
 __all__ = ["linear", "relu", "gelu", "silu", "sigmoid", "tanh", "softplus", "leaky_relu",
+           "elu", "selu", "logsigmoid", "mish", "hardtanh", "relu6", "hardswish", "glu",
+           "cosine_similarity",
            "softmax", "log_softmax", "layer_norm", "rms_norm", "embedding", "one_hot", "pad",
            "normalize", "dropout", "scaled_dot_product_attention",
            "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
-           "binary_cross_entropy", "binary_cross_entropy_with_logits"]
+           "binary_cross_entropy", "binary_cross_entropy_with_logits", "kl_div"]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -145,6 +148,87 @@ def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
     """
     _check_float("leaky_relu", "input", input)
     return _result(input, ct.where(input > 0, input, input * float(negative_slope)), inplace)
+
+
+def elu(input, alpha: float = 1.0, inplace: bool = False):  # noqa: A002 - PyTorch's name
+    """``x`` where ``x > 0``, else ``alpha (exp(x) - 1)`` (the exponential of ``min(x, 0)``,
+    so a large ``x`` never overflows the unused branch).
+
+    >>> F.elu(z)
+    """
+    _check_float("elu", "input", input)
+    neg = (ct.exp(ct.clamp(input, max=0.0)) - 1.0) * float(alpha)
+    return _result(input, ct.where(input > 0, input, neg), inplace)
+
+
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def selu(input, inplace: bool = False):  # noqa: A002 - PyTorch's name
+    """``scale * elu(x, alpha)`` with SELU's constants."""
+    _check_float("selu", "input", input)
+    return _result(input, elu(input, _SELU_ALPHA) * _SELU_SCALE, inplace)
+
+
+def logsigmoid(input):  # noqa: A002 - PyTorch's name
+    """``log(sigmoid(x))`` computed as ``min(x, 0) - log(1 + exp(-|x|))`` (stable)."""
+    _check_float("logsigmoid", "input", input)
+    return ct.clamp(input, max=0.0) - ct.log(1.0 + ct.exp(-input.abs()))
+
+
+def mish(input, inplace: bool = False):  # noqa: A002 - PyTorch's name
+    """``x * tanh(softplus(x))``."""
+    _check_float("mish", "input", input)
+    return _result(input, input * ct.tanh(softplus(input)), inplace)
+
+
+def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0,  # noqa: A002
+             inplace: bool = False):
+    """``x`` clipped to ``[min_val, max_val]``; gradient 1 strictly inside, else 0 (as
+    PyTorch)."""
+    _check_float("hardtanh", "input", input)
+    lo, hi = float(min_val), float(max_val)
+    if lo > hi:
+        raise ValueError(f"hardtanh: min_val ({lo}) must not exceed max_val ({hi})")
+    out = ct.where(input <= lo, lo, ct.where(input >= hi, hi, input))
+    return _result(input, out, inplace)
+
+
+def relu6(input, inplace: bool = False):  # noqa: A002 - PyTorch's name
+    """``min(max(x, 0), 6)``."""
+    return hardtanh(input, 0.0, 6.0, inplace)
+
+
+def hardswish(input, inplace: bool = False):  # noqa: A002 - PyTorch's name
+    """``x * relu6(x + 3) / 6``."""
+    _check_float("hardswish", "input", input)
+    return _result(input, input * relu6(input + 3.0) * (1.0 / 6.0), inplace)
+
+
+def glu(input, dim: int = -1):  # noqa: A002 - PyTorch's name
+    """Gated linear unit: the first half of ``dim`` times the sigmoid of the second.
+
+    >>> F.glu(ct.randn(4, 10))          # (4, 5)
+    """
+    _check_float("glu", "input", input)
+    if input.ndim == 0 or input.shape[dim] % 2:
+        raise ValueError(f"glu: dim {dim} of input of shape {tuple(input.shape)} must have an "
+                         f"even size (it is halved)")
+    a, b = input.chunk(2, dim)
+    return a * ct.sigmoid(b)
+
+
+def cosine_similarity(x1, x2, dim: int = 1, eps: float = 1e-8):
+    """``sum(x1 / max(||x1||, eps) * x2 / max(||x2||, eps), dim)``, broadcasting ``x1``
+    and ``x2`` (PyTorch's formula: each normalised first).
+
+    >>> F.cosine_similarity(a, b, dim=-1)
+    """
+    _check_float("cosine_similarity", "x1", x1)
+    _check_float("cosine_similarity", "x2", x2)
+    n1 = ct.clamp(ct.norm(x1, 2, dim, True), min=float(eps))
+    n2 = ct.clamp(ct.norm(x2, 2, dim, True), min=float(eps))
+    return ((x1 / n1) * (x2 / n2)).sum(dim)
 
 
 def softmax(input, dim: int, _stacklevel: int = 3, dtype=None):

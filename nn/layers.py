@@ -128,6 +128,23 @@ class Embedding(Module):
             with ct.no_grad():
                 self.weight.copy_(F.zero_padding_row(self.weight, padding_idx))
 
+    @classmethod
+    def from_pretrained(cls, embeddings: ct.Tensor, freeze: bool = True,
+                        padding_idx: Optional[int] = None, max_norm=None,
+                        norm_type: float = 2.0, scale_grad_by_freq: bool = False,
+                        sparse: bool = False) -> "Embedding":
+        """An embedding holding a copy of ``embeddings`` (2-D), frozen unless
+        ``freeze=False`` (PyTorch's classmethod).
+
+        >>> emb = nn.Embedding.from_pretrained(vectors, freeze=False)
+        """
+        if not isinstance(embeddings, ct.Tensor) or embeddings.ndim != 2:
+            raise ValueError("Embedding.from_pretrained: argument 'embeddings' must be a 2-D "
+                             "ct.Tensor (num_embeddings, embedding_dim)")
+        rows, cols = embeddings.shape
+        return cls(rows, cols, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse,
+                   _weight=embeddings, _freeze=freeze)
+
     def forward(self, ids: ct.Tensor) -> ct.Tensor:
         return F.embedding(ids, self.weight, self.padding_idx)
 

@@ -31,7 +31,7 @@ from .module import Module
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
            "binary_cross_entropy", "binary_cross_entropy_with_logits",
            "CrossEntropyLoss", "NLLLoss", "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss",
-           "BCELoss", "BCEWithLogitsLoss"]
+           "BCELoss", "BCEWithLogitsLoss", "kl_div", "KLDivLoss"]
 
 
 # ----------------------------------------------------------------------------- layout
@@ -332,6 +332,33 @@ def binary_cross_entropy_with_logits(input, target, weight=None,  # noqa: A002
     return apply_reduction(loss, reduction)
 
 
+def kl_div(input, target, size_average=None, reduce=None,  # noqa: A002 - PyTorch's
+           reduction: str = "mean", log_target: bool = False):
+    """Kullback-Leibler divergence of ``target`` from log-probabilities ``input``:
+    ``target * (log(target) - input)`` (0 where ``target`` is 0), or with ``log_target``
+    ``exp(target) * (target - input)``. ``reduction="batchmean"`` divides the sum by the
+    batch size (the mathematically right mean); ``"mean"`` by the number of elements, as
+    PyTorch.
+
+    >>> loss = F.kl_div(F.log_softmax(student, -1), F.softmax(teacher, -1), reduction="batchmean")
+    """
+    fn = "kl_div"
+    if reduction == "batchmean" and size_average is None and reduce is None:
+        batchmean = True
+    else:
+        batchmean, reduction = False, legacy_reduction(fn, size_average, reduce, reduction)
+    _pair(fn, input, target)
+    t = target.to(input.dtype)
+    if log_target:
+        loss = ct.exp(t) * (t - input)
+    else:
+        positive = t > 0
+        loss = ct.where(positive, t * (ct.log(ct.where(positive, t, 1.0)) - input), 0.0)
+    if batchmean:
+        return loss.sum() / (input.shape[0] if input.ndim else 1)
+    return apply_reduction(loss, reduction)
+
+
 # ----------------------------------------------------------------------------- modules
 class _Loss(Module):
     """A loss module: its arguments are stored at construction, ``forward(input, target)``
@@ -459,3 +486,21 @@ class BCEWithLogitsLoss(_Loss):
                  reduction: str = "mean", pos_weight: Optional[ct.Tensor] = None):
         super().__init__(weight=weight, size_average=size_average, reduce=reduce,
                          reduction=reduction, pos_weight=pos_weight)
+
+
+class KLDivLoss(_Loss):
+    """``F.kl_div`` as a module."""
+
+    _options = ("log_target",)
+
+    def __init__(self, size_average=None, reduce=None, reduction: str = "mean",
+                 log_target: bool = False):
+        batchmean = reduction == "batchmean"
+        super().__init__(size_average=size_average, reduce=reduce,
+                         reduction="mean" if batchmean else reduction, log_target=log_target)
+        if batchmean:
+            self.reduction = "batchmean"
+
+    @staticmethod
+    def _function(input, target, **kwargs):  # noqa: A002
+        return kl_div(input, target, **kwargs)

@@ -639,3 +639,83 @@ def test_constructor_and_state_dict_arguments_as_pytorch():
     with world(2):
         mesh = ct.placement("cpu", [0, 1])
         assert nn.Linear(2, 2).to(mesh).weight.placement == mesh
+
+
+@pytest.mark.parametrize("kind", ["1d", "2d"])
+def test_batchnorm_matches_torch_on_every_layout(mesh, kind):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    shape = (4, 3, 5) if kind == "1d" else (4, 3, 2, 3)
+    tcls, ccls = (torch.nn.BatchNorm1d, nn.BatchNorm1d) if kind == "1d" else \
+        (torch.nn.BatchNorm2d, nn.BatchNorm2d)
+    for sbp, momentum in [((S(0),) * mesh.ndim, 0.1), ((S(1),) * mesh.ndim, None),
+                          ((S(2),) * mesh.ndim, 0.3)]:
+        tm = tcls(3, momentum=momentum, dtype=torch.float64)
+        torch.nn.init.normal_(tm.weight)
+        torch.nn.init.normal_(tm.bias)
+        cm = ccls(3, momentum=momentum, dtype=np.float64)
+        assert list(cm.state_dict()) == list(tm.state_dict())
+        _torch_copy(tm, cm)
+        cm.to_global(mesh, (B,) * mesh.ndim)
+        for step in range(3):
+            x = RNG.standard_normal(shape) * 2 + 1
+            g = RNG.standard_normal(shape)
+            tx = torch.tensor(x, requires_grad=True)
+            cx = ct.tensor(x, placement=mesh, sbp=sbp, requires_grad=True)
+            ty, cy = tm(tx), cm(cx)
+            np.testing.assert_allclose(cy.numpy(), ty.detach().numpy(), rtol=1e-10,
+                                       atol=1e-12)
+            (ty * torch.tensor(g)).sum().backward()
+            (cy * ct.tensor(g, placement=mesh)).sum().backward()
+            np.testing.assert_allclose(cx.grad.numpy(), tx.grad.numpy(), rtol=1e-9,
+                                       atol=1e-12)
+        _compare_grads(tm, cm)
+        for name, buf in tm.named_buffers():
+            np.testing.assert_allclose(dict(cm.named_buffers())[name].numpy(), buf.numpy(),
+                                       rtol=1e-12, err_msg=name)
+        tm.eval()
+        cm.eval()
+        x = RNG.standard_normal(shape)
+        np.testing.assert_allclose(cm(ct.tensor(x, placement=mesh, sbp=sbp)).numpy(),
+                                   tm(torch.tensor(x)).detach().numpy(), rtol=1e-10)
+    with pytest.raises(ValueError, match="BatchNorm1d: expected a 2-D or 3-D input with 3"):
+        nn.BatchNorm1d(3)(ct.zeros(4, 5))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_transformer_encoder_matches_torch(mesh, norm_first):
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    kwargs = dict(dim_feedforward=16, dropout=0.0, batch_first=True, norm_first=norm_first)
+    tl = torch.nn.TransformerEncoderLayer(8, 2, activation="gelu", dtype=torch.float64,
+                                          **kwargs)
+    tm = torch.nn.TransformerEncoder(tl, 2, norm=torch.nn.LayerNorm(8, dtype=torch.float64),
+                                     enable_nested_tensor=False)
+    cm = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, activation="gelu",
+                                                          dtype=np.float64, **kwargs),
+                               2, norm=nn.LayerNorm(8, dtype=np.float64))
+    assert list(cm.state_dict()) == list(tm.state_dict())
+    _torch_copy(tm, cm)
+    cm.to_global(mesh, (B,) * mesh.ndim)
+    x = RNG.standard_normal((4, 5, 8))
+    pad = np.zeros((4, 5), dtype=bool)
+    pad[1, 3:] = True
+    causal = np.triu(np.ones((5, 5), dtype=bool), 1)
+    tx = torch.tensor(x, requires_grad=True)
+    cx = ct.tensor(x, placement=mesh, sbp=(S(0),) * mesh.ndim, requires_grad=True)
+    ty = tm(tx, mask=torch.tensor(causal), src_key_padding_mask=torch.tensor(pad))
+    cy = cm(cx, mask=ct.tensor(causal, placement=mesh),
+            src_key_padding_mask=ct.tensor(pad, placement=mesh))
+    np.testing.assert_allclose(cy.numpy(), ty.detach().numpy(), rtol=1e-10, atol=1e-12)
+    ty.sum().backward()
+    cy.sum().backward()
+    np.testing.assert_allclose(cx.grad.numpy(), tx.grad.numpy(), rtol=1e-9, atol=1e-12)
+    _compare_grads(tm, cm)
+
+
+def test_embedding_from_pretrained():
+    vectors = ct.tensor(np.arange(6.0).reshape(3, 2))
+    emb = nn.Embedding.from_pretrained(vectors)
+    assert not emb.weight.requires_grad and emb(ct.tensor(np.array([2]))).numpy().tolist() \
+        == [[4.0, 5.0]]
+    assert nn.Embedding.from_pretrained(vectors, freeze=False).weight.requires_grad
