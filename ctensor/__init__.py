@@ -27,7 +27,7 @@ from . import linalg  # ct.linalg.norm, vector_norm, matrix_norm (torch.linalg n
 from . import autograd, debug
 from . import meta, plan  # shape-only tensors; ct.plan: memory, communication, step time
 from . import cuda  # ct.cuda.is_available(), device_count(); CuPy is imported lazily
-from .checkpoint import save, load
+from .checkpoint import save, load, SaveHandle, ChecksumError
 from .autograd import no_grad, enable_grad, is_grad_enabled
 from .grad_mode import inference_mode
 from .errors import (CollectiveError, DivergenceError, CommTimeoutError, RankExitedError,

@@ -14,7 +14,6 @@ import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
 from conftest import MPI_MODE
-from ctensor.checkpoint import ChecksumError, SaveHandle
 from ctensor.checkpoint_io import pending_saves
 
 S, B, P = ct.sbp.split, ct.sbp.broadcast, ct.sbp.partial_sum
@@ -251,7 +250,7 @@ def test_every_flipped_byte_is_detected(ckpt_dir):
                 with pytest.raises(ValueError, match=re.escape(name)) as info:
                     ct.load(path, **kwargs)
                 if name.endswith(".npy") or name == "metadata.json":
-                    assert isinstance(info.value, ChecksumError), (name, offset)
+                    assert isinstance(info.value, ct.ChecksumError), (name, offset)
                 if name.startswith("t0_"):
                     assert "tensor 'x'" in str(info.value) and "region [" in str(info.value)
             barrier()
@@ -327,7 +326,7 @@ def test_async_save_races_the_next_step(mesh, ckpt_dir, slow_disk):
     expected_avg = opt.state_dict()["state"][0]["exp_avg"].numpy().copy()
     path = os.path.join(ckpt_dir, "async")
     handle = ct.save(state, path, async_op=True)
-    assert isinstance(handle, SaveHandle)
+    assert isinstance(handle, ct.SaveHandle)
     assert handle.done() is (ct.rank() not in mesh.rank_list)  # a rank with no shard: done
     state["arr"][:] = -1            # the arrays of the tree are copied too
     for _ in range(2):
