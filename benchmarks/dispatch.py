@@ -116,8 +116,10 @@ def mlp_step(tokens: int, hidden: int, steps: int):
     """Column-parallel then row-parallel MLP, forward + backward, vs the same on rank 0."""
     rng = np.random.default_rng(0)
     xv = rng.standard_normal((tokens, hidden), dtype=np.float32)
-    w1v = rng.standard_normal((hidden, 4 * hidden), dtype=np.float32) / np.sqrt(hidden)
-    w2v = rng.standard_normal((4 * hidden, hidden), dtype=np.float32) / np.sqrt(4 * hidden)
+    # (a NumPy float64 scalar would make the weights float64: matmul refuses mixed dtypes)
+    w1v = rng.standard_normal((hidden, 4 * hidden), dtype=np.float32) / np.float32(hidden) ** 0.5
+    w2v = rng.standard_normal((4 * hidden, hidden), dtype=np.float32) / \
+        np.float32(4 * hidden) ** 0.5
     S0, S1, B = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast
 
     def run(placement, s1, s2):

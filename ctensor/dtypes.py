@@ -35,9 +35,9 @@ A *scalar* is a Python ``bool``/``int``/``float``/``complex`` or a NumPy scalar
 
 Reductions (:func:`reduction_dtype`): ``sum``/``prod``/``cumsum`` of bool and integer
 tensors give int64 (no wrap-around: an int32 sum of ``[2e9, 2e9]`` is ``4e9``); ``mean``,
-``var``, ``std`` and ``norm`` of bool and integer tensors give the default float dtype
-(PyTorch raises there; ctensor computes the statistic in floating point instead, as NumPy
-does); ``amax``/``amin``/``sort`` keep the dtype; indices are int64. Division of integers
+``var``, ``std`` and ``norm`` of bool and integer tensors raise ``TypeError`` in their ops,
+as PyTorch (:func:`reduction_dtype` still answers the default float dtype for them);
+``amax``/``amin``/``sort`` keep the dtype; indices are int64. Division of integers
 gives the default float dtype.
 """
 from __future__ import annotations
