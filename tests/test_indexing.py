@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import ctensor as ct
+from conftest import MPI_MODE
 from ctensor.ops.index_parse import IndexOutOfRangeError
 
 try:
@@ -415,3 +416,19 @@ def test_moe_top_k_routing_as_pytorch_writes_it(mesh):
             np.testing.assert_allclose(ours.grad.numpy(), theirs.grad.numpy(), rtol=1e-10,
                                        atol=1e-12)
             assert ours.grad.sbp == ours.sbp
+
+
+@pytest.mark.skipif(MPI_MODE, reason="shape-only worlds are simulations")
+def test_shape_only_runs_take_constant_indices_and_refuse_value_masks():
+    with ct.simulate(4, meta=True):
+        p = ct.placement("cpu", [0, 1, 2, 3])
+        x = ct.zeros(8, 6, placement=p, sbp=S(0))
+        with ct.debug.comm_log() as log:
+            assert x[:, [0, 2]].sbp == (S(0),) and x[[1, 5]].sbp == (P,)
+            x[:, 0] = 1.0
+            x.index_add_(0, [1, 2], ct.ones(2, 6, placement=p))
+            assert x[np.arange(8) > 3].shape == (4, 6)
+        assert log.collectives() == []
+        for fn in (lambda: x[x > 0], lambda: ct.nonzero(x), lambda: x.masked_select(x > 0)):
+            with pytest.raises(ct.MetaModeError, match="number of selected elements depends"):
+                fn()

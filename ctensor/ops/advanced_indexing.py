@@ -183,7 +183,7 @@ def advanced_getitem(x: Tensor, index, opname: str = "getitem") -> Tensor:
             y = y.reshape(shape[:j] + (math.prod(shape[j:j + it.ndim]),) + shape[j + it.ndim:])
             shift += it.ndim - 1
             value = np.flatnonzero(it.value) if isinstance(it.value, np.ndarray) else \
-                nonzero_positions(it.value.reshape(-1), flat=True)
+                nonzero_positions(it.value.reshape(-1), True, opname)
         else:
             value = it.value
         positions.append(j)

@@ -42,6 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dispatch import as_tensor
+from ..errors import MetaModeError
 from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig
@@ -299,15 +300,20 @@ def _nonzero_kernel(xp, mask, count, flat):
     return xp.flatnonzero(mask) if flat else xp.argwhere(mask)
 
 
-def selected_count(mask: Tensor) -> int:
+def selected_count(mask: Tensor, opname: str = "nonzero") -> int:
     """The number of True entries of the bool ``mask`` (one ``.item()``: a host sync)."""
+    if mask.is_meta:
+        raise MetaModeError(f"{opname}: the number of selected elements depends on the mask's "
+                            f"values, which a shape-only tensor (ct.simulate(n, meta=True)) "
+                            f"does not hold; plan with a constant mask or index (a NumPy "
+                            f"array or list), or with index_select and a fixed-size index")
     return int(OPS.sum(mask).item())
 
 
-def nonzero_positions(mask: Tensor, flat: bool = False) -> Tensor:
+def nonzero_positions(mask: Tensor, flat: bool = False, opname: str = "nonzero") -> Tensor:
     """The positions of ``mask``'s True entries (flat positions with ``flat``), int64,
     broadcast on the mask's placement."""
-    return nonzero.op(mask, count=selected_count(mask), flat=bool(flat))
+    return nonzero.op(mask, count=selected_count(mask, opname), flat=bool(flat))
 
 
 @defop(kernel=_nonzero_kernel, meta=_nonzero_meta,
@@ -363,4 +369,5 @@ def masked_select(input, mask):  # noqa: A002
     if tuple(m.shape) != shape:
         m = OPS.expand(m, *shape)
     flat = x.reshape(-1)
-    return index_select.op(flat, nonzero_positions(m.reshape(-1), flat=True), dim=0)
+    return index_select.op(flat, nonzero_positions(m.reshape(-1), True, "masked_select"),
+                           dim=0)
