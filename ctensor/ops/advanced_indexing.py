@@ -26,8 +26,8 @@ rule), so nothing is gathered. A mask over the leading dims of ``x`` keeps the s
 remaining ones. Assignment: ``x[mask] = v`` with a ``v`` that does not depend on the mask
 position is an elementwise ``where`` (every split local, no host sync); ``x[..., idx, ...]
 = v`` along one dim is ``index_copy`` (masked local writes into a split dim); other
-advanced assignments write through the flat positions of the selected elements (an int64
-tensor of ``x``'s size per rank, made for the call).
+advanced assignments write through the flat positions of the selected elements (summed
+per dim from views of ``n_d`` positions: memory of a few selections, not of ``x``).
 """
 from __future__ import annotations
 
@@ -341,13 +341,40 @@ def assigned(t: Tensor, index, value, accumulate: bool = False, opname: str = "s
         v = v.reshape(shape[:d] + (math.prod(idx.shape),) + shape[d + 1:])
         put = index_add if accumulate else index_copy
         return put(t, d, idx.reshape(-1), v)
-    # the general case: the flat positions of the selected elements
-    with autograd.no_grad():
-        flat = advanced_getitem(as_tensor([t, np.arange(t.numel(), dtype=np.int64)
-                                           .reshape(shape)], opname)[1], index, opname)
+    flat = _flat_positions(opname, t, index)
     v = _fit(opname, v, tuple(flat.shape))
     put = index_add if accumulate else index_copy
     return put(t.reshape(-1), 0, flat.reshape(-1), v.reshape(-1)).reshape(shape)
+
+
+def _flat_positions(opname: str, t: Tensor, index) -> Tensor:
+    """The flat positions in ``t`` of the elements ``t[index]`` selects, shaped like the
+    selection. Indexing is linear, so they are the sum over dims ``d`` of the selection
+    from ``position_d * stride_d`` broadcast over ``t``'s shape (a view of ``n_d`` values):
+    memory of ``ndim`` selections, never of ``t``'s size; tensor masks become their
+    integer positions once (one host sync each)."""
+    items = index if isinstance(index, tuple) else (index,)
+    converted = []
+    for it in items:
+        if isinstance(it, Tensor) and it.dtype.kind == "b" and it.ndim:
+            converted += list(OPS.nonzero(it, as_tuple=True))
+        else:
+            converted.append(it)
+    index = tuple(converted)
+    shape = tuple(t.shape)
+    flat = None
+    with autograd.no_grad():
+        for d, n in enumerate(shape):
+            along = [1] * len(shape)
+            along[d] = n
+            positions = np.arange(n, dtype=np.int64) * math.prod(shape[d + 1:])
+            view = OPS.expand(as_tensor([t, positions.reshape(along)], opname)[1], *shape)
+            part = advanced_getitem(view, index, opname)
+            flat = part if flat is None else flat + part
+        if flat is None:  # a 0-d t
+            flat = advanced_getitem(as_tensor([t, np.zeros((), np.int64)], opname)[1], index,
+                                    opname)
+    return flat
 
 
 @defop()
