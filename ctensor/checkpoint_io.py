@@ -29,6 +29,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from .arrays import is_host, to_host
+
 __all__ = ["ChecksumError", "SaveHandle", "write_array", "write_text", "file_checksum",
            "pending_saves"]
 
@@ -159,13 +161,13 @@ def stage(arr) -> np.ndarray:
     key = (tuple(arr.shape), np.dtype(arr.dtype).str)
     free = _staging.get(key)
     buf = free.pop() if free else np.empty(arr.shape, dtype=arr.dtype)
-    if isinstance(arr, np.ndarray) or np.isscalar(arr):
+    if is_host(arr):
         np.copyto(buf, arr)
-    else:  # a device array: one device-to-host copy into the buffer
+    else:  # a CuPy array: one device-to-host copy into the buffer
         try:
             arr.get(out=buf)
         except (TypeError, ValueError):  # a CuPy without get(out=), or a layout it refuses
-            np.copyto(buf, arr.get())
+            np.copyto(buf, to_host(arr))
     return buf
 
 
