@@ -4,8 +4,9 @@ defaults.
 
 Each one fills its tensor *in place* (under ``no_grad``) with numbers from ctensor's
 counter-based generator drawn on the tensor's own placement and SBP (a partial axis is
-drawn broadcast), so the logical values depend only on the seed and the order of calls,
-never on the layout or the world size: a model initialised after ``to_global`` gets the
+drawn broadcast; ``generator=`` takes a ``ct.Generator`` of its own), so the logical
+values depend only on the seed and the order of calls, never on the layout or the world
+size: a model initialised after ``to_global`` gets the
 same weights as one initialised on one rank. (They are not PyTorch's numbers: its
 generator is another one; copy a ``state_dict`` to match PyTorch exactly.)
 
@@ -95,10 +96,10 @@ def _fill(tensor, new) -> ct.Tensor:
     return tensor
 
 
-def _refuse_generator(fn: str, generator) -> None:
-    if generator is not None:
-        raise TypeError(f"{fn}: argument 'generator' is not supported here; seed ctensor's "
-                        f"generator with ct.manual_seed(seed) instead")
+def _check_generator(fn: str, generator) -> None:
+    if generator is not None and not isinstance(generator, ct.Generator):
+        raise TypeError(f"{fn}: argument 'generator' must be a ct.Generator or None, got "
+                        f"{type(generator).__name__}")
 
 
 def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None) -> ct.Tensor:
@@ -107,9 +108,10 @@ def uniform_(tensor, a: float = 0.0, b: float = 1.0, generator=None) -> ct.Tenso
     >>> nn.init.uniform_(w, -0.1, 0.1)
     """
     _check("uniform_", tensor)
-    _refuse_generator("uniform_", generator)
+    _check_generator("uniform_", generator)
     placement, sbp = _drawing_layout(tensor)
-    u = ct.rand(*tensor.shape, placement=placement, sbp=sbp, dtype=tensor.dtype)
+    u = ct.rand(*tensor.shape, generator=generator, placement=placement, sbp=sbp,
+                dtype=tensor.dtype)
     return _fill(tensor, u * (float(b) - float(a)) + float(a))
 
 
@@ -119,9 +121,10 @@ def normal_(tensor, mean: float = 0.0, std: float = 1.0, generator=None) -> ct.T
     >>> nn.init.normal_(w, std=0.02)
     """
     _check("normal_", tensor)
-    _refuse_generator("normal_", generator)
+    _check_generator("normal_", generator)
     placement, sbp = _drawing_layout(tensor)
-    z = ct.randn(*tensor.shape, placement=placement, sbp=sbp, dtype=tensor.dtype)
+    z = ct.randn(*tensor.shape, generator=generator, placement=placement, sbp=sbp,
+                 dtype=tensor.dtype)
     return _fill(tensor, z * float(std) + float(mean))
 
 
@@ -142,7 +145,7 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0,
     """
     fn = "trunc_normal_"
     _check(fn, tensor)
-    _refuse_generator(fn, generator)
+    _check_generator(fn, generator)
     if not (std > 0) or not (a < b):
         raise ValueError(f"{fn}: needs std > 0 and a < b, got std={std!r}, a={a!r}, b={b!r}")
     mass = _normal_cdf((b - mean) / std) - _normal_cdf((a - mean) / std)
@@ -152,7 +155,8 @@ def trunc_normal_(tensor, mean: float = 0.0, std: float = 1.0, a: float = -2.0,
     placement, sbp = _drawing_layout(tensor)
 
     def draw():
-        z = ct.randn(*tensor.shape, placement=placement, sbp=sbp, dtype=np.float64)
+        z = ct.randn(*tensor.shape, generator=generator, placement=placement, sbp=sbp,
+                     dtype=np.float64)
         return z * float(std) + float(mean)
 
     with ct.no_grad():

@@ -428,6 +428,16 @@ def test_init_distributions_and_fans():
         nn.init.kaiming_uniform_(w, mode="fan")
     with pytest.raises(ValueError, match="trunc_normal_: .* holds"):
         nn.init.trunc_normal_(b, a=5.0, b=6.0)
+    # generator=: a ct.Generator's own stream, the same values for the same seed
+    draws = []
+    for _ in range(2):
+        g = ct.Generator().manual_seed(7)
+        draws.append(nn.init.kaiming_uniform_(nn.Parameter(ct.zeros(4, 3)), generator=g)
+                     .numpy())
+    np.testing.assert_array_equal(draws[0], draws[1])
+    with pytest.raises(TypeError, match="normal_: argument 'generator' must be a "
+                                        "ct.Generator"):
+        nn.init.normal_(b, generator=3)
 
 
 def _torch_copy(torch_module, module):
