@@ -188,3 +188,43 @@ def test_saved_tensors_hooks_see_every_saved_tensor(mesh):
     y.backward()
     assert unpacked and set(unpacked) == {"kept"}
     np.testing.assert_allclose(x.grad.numpy(), 2 * xv)
+
+
+# ----------------------------------------------------------------------------- indexed writes
+INDEXED_WRITES = [
+    ("setitem", lambda x: x.__setitem__((slice(None), 0), 0.0)),
+    ("masked_fill_", lambda x: x.masked_fill_(x.detach() > 2.0, 0.0)),
+    ("index_add_", lambda x: x.index_add_(0, [0, 0], ct.ones(2, 3, placement=x.placement,
+                                                              dtype=np.float64))),
+    ("index_copy_", lambda x: x.index_copy_(1, [2], ct.ones(4, 1, placement=x.placement,
+                                                           dtype=np.float64))),
+    ("index_fill_", lambda x: x.index_fill_(0, [1, 3], 5.0)),
+    ("scatter_", lambda x: x.scatter_(1, ct.zeros(4, 1, dtype=np.int64,
+                                                  placement=x.placement), 1.0)),
+    ("scatter_add_", lambda x: x.scatter_add_(0, ct.zeros(1, 3, dtype=np.int64,
+                                                          placement=x.placement),
+                                              ct.ones(1, 3, placement=x.placement,
+                                                      dtype=np.float64))),
+    ("index_put_", lambda x: x.index_put_((ct.tensor(np.array([1, 2]), placement=x.placement),),
+                                          ct.zeros(3, placement=x.placement, dtype=np.float64))),
+]
+
+
+@pytest.mark.parametrize("name, write", INDEXED_WRITES, ids=[w[0] for w in INDEXED_WRITES])
+def test_indexed_writes_follow_the_in_place_rules(mesh, name, write):
+    a = np.arange(12.0).reshape(4, 3)
+    leaf = ct.tensor(a, placement=mesh, sbp=_all(mesh, S0), requires_grad=True)
+    with pytest.raises(RuntimeError, match=rf"^{name}: a leaf tensor that requires grad"):
+        write(leaf)
+    with ct.no_grad():           # allowed without grad; the layout and identity stay
+        assert write(leaf) is leaf or name == "setitem"
+    assert leaf.sbp == _all(mesh, S0) and not np.array_equal(leaf.numpy(), a)
+    y = leaf.clone()
+    used = y * y                 # saves y for its backward
+    write(y)
+    with pytest.raises(RuntimeError, match="modified by an in-place operation"):
+        used.sum().backward()
+    z = leaf.clone()
+    write(z)                     # the gradient flows through the write to what is left of z
+    z.sum().backward()
+    assert leaf.grad is not None and leaf.grad.sbp == leaf.sbp
