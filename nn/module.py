@@ -222,9 +222,11 @@ class Module:
         else:
             setattr(self, name, param)
 
-    def register_buffer(self, name: str, tensor: Optional[ct.Tensor]) -> None:
-        """Register a non-trainable tensor saved in ``state_dict`` and moved by
-        ``to_global`` (always broadcast)."""
+    def register_buffer(self, name: str, tensor: Optional[ct.Tensor],
+                        persistent: bool = True) -> None:
+        """Register a non-trainable tensor moved by ``to_global`` (always broadcast) and,
+        unless ``persistent=False`` (PyTorch's: e.g. a rotary table), saved in
+        ``state_dict``."""
         if tensor is not None and not isinstance(tensor, ct.Tensor):
             raise TypeError(f"register_buffer: argument 'tensor' must be a ct.Tensor or None, "
                             f"got {type(tensor).__name__}")
@@ -232,6 +234,11 @@ class Module:
             table.pop(name, None)
         self.__dict__.pop(name, None)
         self._buffers[name] = tensor
+        skipped = self.__dict__.setdefault("_non_persistent_buffers", set())
+        if persistent:
+            skipped.discard(name)
+        else:
+            skipped.add(name)
 
     def add_module(self, name: str, module: "Module") -> None:
         """Register ``module`` as the child ``name`` (same as assigning the attribute)."""
@@ -340,17 +347,42 @@ class Module:
         for _, p in self.named_parameters(recurse=recurse):
             yield p
 
-    def named_buffers(self, prefix: str = "") -> Iterator[tuple]:
-        """``(dotted name, tensor)`` for every registered buffer."""
-        for mname, mod in self.named_modules(prefix):
+    def named_buffers(self, prefix: str = "", recurse: bool = True,
+                      remove_duplicate: bool = True,
+                      persistent_only: bool = False) -> Iterator[tuple]:
+        """``(dotted name, tensor)`` for every registered buffer (of this module only
+        without ``recurse``; ``persistent_only``: those ``state_dict`` saves)."""
+        mods = self.named_modules(prefix) if recurse else [(prefix, self)]
+        for mname, mod in mods:
+            skipped = mod.__dict__.get("_non_persistent_buffers", ()) if persistent_only \
+                else ()
             for bname, b in mod._buffers.items():
-                if b is not None:
+                if b is not None and bname not in skipped:
                     yield (f"{mname}.{bname}" if mname else bname), b
 
-    def buffers(self) -> Iterator[ct.Tensor]:
+    def buffers(self, recurse: bool = True) -> Iterator[ct.Tensor]:
         """Every registered buffer."""
-        for _, b in self.named_buffers():
+        for _, b in self.named_buffers(recurse=recurse):
             yield b
+
+    def get_submodule(self, target: str) -> "Module":
+        """The descendant at the dotted path ``target`` (``""``: this module)."""
+        mod = self
+        for part in target.split(".") if target else ():
+            if part not in mod._modules:
+                raise AttributeError(f"{type(mod).__name__} has no submodule {part!r} (path "
+                                     f"{target!r})")
+            mod = mod._modules[part]
+        return mod
+
+    def get_parameter(self, target: str) -> "Parameter":
+        """The parameter at the dotted path ``target`` (e.g. ``"fc.weight"``)."""
+        path, _, name = target.rpartition(".")
+        mod = self.get_submodule(path)
+        if name not in mod._parameters or mod._parameters[name] is None:
+            raise AttributeError(f"{type(mod).__name__} has no parameter {name!r} (path "
+                                 f"{target!r})")
+        return mod._parameters[name]
 
     # ----------------------------------------------------------------- modes and grads
     def train(self, mode: bool = True) -> "Module":
@@ -487,7 +519,7 @@ class Module:
         out: OrderedDict = OrderedDict() if destination is None else destination
         for name, p in self.named_parameters():
             out[prefix + name] = p if keep_vars else p.detach()
-        for name, b in self.named_buffers():
+        for name, b in self.named_buffers(persistent_only=True):
             out[prefix + name] = b
         return out
 

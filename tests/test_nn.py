@@ -729,3 +729,29 @@ def test_embedding_from_pretrained():
     assert not emb.weight.requires_grad and emb(ct.tensor(np.array([2]))).numpy().tolist() \
         == [[4.0, 5.0]]
     assert nn.Embedding.from_pretrained(vectors, freeze=False).weight.requires_grad
+
+
+def test_non_persistent_buffers_and_submodule_lookup():
+    torch = pytest.importorskip("torch")
+
+    def build(torch, nn):
+        class Rotary(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(2, 2)
+                self.register_buffer("table", torch.ones(3), persistent=False)
+                self.register_buffer("scale", torch.ones(1))
+        return nn.Sequential(Rotary())
+
+    ours, theirs = build(ct, nn), build(torch, torch.nn)
+    # the same keys (ctensor lists parameters, then buffers; torch module by module)
+    assert sorted(ours.state_dict()) == sorted(theirs.state_dict()) == [
+        "0.fc.bias", "0.fc.weight", "0.scale"]
+    assert [n for n, _ in ours.named_buffers()] == ["0.table", "0.scale"]
+    assert ours.load_state_dict({k: v.numpy() for k, v in theirs.state_dict().items()}) == \
+        ([], [])
+    assert ours.get_submodule("0.fc") is ours[0].fc and ours.get_submodule("") is ours
+    assert ours.get_parameter("0.fc.bias") is ours[0].fc.bias
+    assert list(ours[0].buffers(recurse=False)) == [ours[0].table, ours[0].scale]
+    with pytest.raises(AttributeError, match="no submodule 'fc2'"):
+        ours.get_submodule("0.fc2")
