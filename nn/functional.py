@@ -5,8 +5,9 @@ SBP and becomes parallel by itself: a split along a dim that the function reduce
 turns into partial results (``P``, ``P(max)``) and small reductions, never a gather of the
 big tensor. Examples:
 
-* ``cross_entropy`` on vocabulary-split logits (``S(1)``): max via ``P(max)``, sum-exp via
-  ``P``, the target logit via :func:`ctensor.pick` (``P``); the logits stay split.
+* ``cross_entropy`` on vocabulary-split logits (``S(1)`` of ``(N, C)``): max via
+  ``P(max)``, sum-exp via ``P``, the target logit via :func:`ctensor.pick` (``P``); the
+  logits stay split. The losses live in :mod:`ctensor.nn.losses` and are re-exported here.
 * ``scaled_dot_product_attention`` on head-split ``q, k, v`` (``S(1)``): all local.
 * ``linear`` with a column-split weight then a row-split one: Megatron's tensor-parallel
   MLP, with one all-reduce at the end.
@@ -358,14 +359,14 @@ def one_hot(tensor, num_classes: int = -1):
 PAD_MODES = ("constant", "reflect", "replicate", "circular")
 
 
-def _pad_block(input, dim: int, size: int, value):
+def _pad_block(x, dim: int, size: int, value):
     """A ``value``-filled block shaped like ``x`` but ``size`` long along ``dim``, laid out
     like ``x`` (splits of other dims kept, so ``cat`` needs no communication for them)."""
-    shape = list(input.shape)
+    shape = list(x.shape)
     shape[dim] = size
-    sbp = tuple(s if isinstance(s, type(ct.sbp.split(0))) and s.dim != dim else
-                ct.sbp.broadcast for s in input.sbp)
-    return ct.full(*shape, fill_value=value, placement=input.placement, sbp=sbp, dtype=input.dtype)
+    sbp = tuple(s if isinstance(s, ct.sbp.Split) and s.dim != dim else ct.sbp.broadcast
+                for s in x.sbp)
+    return ct.full(*shape, fill_value=value, placement=x.placement, sbp=sbp, dtype=x.dtype)
 
 
 def pad(input, pad: Sequence[int], mode: str = "constant",  # noqa: A002 - PyTorch's names
