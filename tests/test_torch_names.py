@@ -495,11 +495,12 @@ def test_issue25_errors_name_the_op_and_the_fix(mesh):
 # ----------------------------------------------------------------------------- issue 25: indexing
 INDEXING_NAMES = {
     "ct": ["index_select", "index_add", "index_copy", "index_fill", "scatter", "scatter_add",
+           "scatter_reduce",
            "take_along_dim", "nonzero", "argwhere", "masked_select", "index_put", "where",
            "gather", "masked_fill"],
     "Tensor": ["index_select", "index_add", "index_add_", "index_copy", "index_copy_",
                "index_fill", "index_fill_", "scatter", "scatter_", "scatter_add",
-               "scatter_add_", "take_along_dim", "nonzero", "argwhere", "masked_select",
+               "scatter_add_", "scatter_reduce", "scatter_reduce_", "take_along_dim", "nonzero", "argwhere", "masked_select",
                "masked_fill", "masked_fill_", "index_put", "index_put_", "__setitem__"],
 }
 
@@ -534,6 +535,16 @@ INDEXING_AGAINST_TORCH = [
     ("scatter_add", lambda m, x, i: m.scatter_add(x, 1, i(_J), x[:, :2] * 5.0), True),
     ("scatter_add_", lambda m, x, i: x.clone().scatter_add_(0, i(_J[:3]), x[:3, :2]), True),
     ("scatter_reduce_add", lambda m, x, i: x.scatter(1, i(_J), x, reduce="add"), False),
+    ("scatter_reduce_sum", lambda m, x, i: m.scatter_reduce(x, 1, i(_J), x[:, :2] * 2.0,
+                                                            "sum", include_self=False), True),
+    ("scatter_reduce_mean", lambda m, x, i: x.scatter_reduce(
+        0, i(np.repeat(_J[:4, :1], 3, axis=1)), x[:4] * 3.0, "mean"), True),
+    ("scatter_reduce_amax_ties", lambda m, x, i: x.scatter_reduce(
+        1, i(_J), m.cat([x[:, :1], x[:, :1]], 1), "amax"), True),
+    ("scatter_reduce_amin_", lambda m, x, i: x.clone().scatter_reduce_(
+        1, i(_J), -x[:, 1:], "amin", include_self=False), True),
+    ("scatter_reduce_prod", lambda m, x, i: x.scatter_reduce(1, i(_J), x[:, :2], "prod"),
+     False),
     ("take_along_dim", lambda m, x, i: m.take_along_dim(x, i(_J), 1), True),
     ("take_along_dim_flat", lambda m, x, i: m.take_along_dim(x, i(_I)), True),
     ("masked_select", lambda m, x, i: m.masked_select(x, x > 0.1), True),

@@ -14,6 +14,7 @@ from . import normalization  # noqa: F401
 from . import gather  # noqa: F401
 from . import selection  # noqa: F401
 from . import scatter  # noqa: F401
+from . import scatter_reduce  # noqa: F401
 from . import advanced_indexing  # noqa: F401
 from . import sorting  # noqa: F401
 from . import scan  # noqa: F401

@@ -239,3 +239,13 @@ def scatter_add_(x, dim: int, index, src):
     >>> counts.scatter_add_(0, labels, ones)
     """
     return update("scatter_add_", x, lambda t: OPS.scatter_add(t, dim, index, src), (src,))
+
+
+@defop(method=True)
+def scatter_reduce_(x, dim: int, index, src, reduce: str, *, include_self: bool = True):
+    """:func:`ct.scatter_reduce` in place (returns ``x``).
+
+    >>> best.scatter_reduce_(0, labels, scores, "amax")
+    """
+    return update("scatter_reduce_", x, lambda t: OPS.scatter_reduce(
+        t, dim, index, src, reduce, include_self=include_self), (src,))

@@ -40,7 +40,7 @@ from .embedding import check_int
 from .embedding import index_add as add_at
 from .selection import index_range
 
-__all__ = ["scatter", "scatter_add", "take_along_dim"]
+__all__ = ["scatter", "scatter_add", "take_along_dim", "scatter_targets", "multiply_at"]
 
 _REDUCES = (None, "add", "multiply")
 
@@ -67,16 +67,15 @@ def _signatures(layouts, dim, reduce):
     return cands
 
 
-def _kernel(xp, x, index, src, dim, reduce, ctx):
+def scatter_targets(xp, opname: str, index, dim: int, ctx):
+    """The local positions (a tuple of coordinate arrays) the index elements inside this
+    shard's part of the output write to, and which index elements those are (a mask)."""
     size = ctx.out_layouts[0].shape[dim]
     if index.size:
         lo, hi = index_range(xp, index)
         if lo < 0 or hi >= size:
-            raise ValueError(f"scatter: argument 'index' must hold values in [0, {size}), "
+            raise ValueError(f"{opname}: argument 'index' must hold values in [0, {size}), "
                              f"got values in [{lo}, {hi}]")
-    out = x.copy()
-    if index.size == 0 or out.size == 0:
-        return out
     x_region, index_region = ctx.out_region(0), ctx.in_region(1)
     coords, inside = [], xp.ones(index.shape, dtype=bool)
     for a in range(index.ndim):
@@ -89,18 +88,25 @@ def _kernel(xp, x, index, src, dim, reduce, ctx):
             c = xp.broadcast_to(xp.arange(*index_region[a]).reshape(shape), index.shape)
         inside &= (c >= lo) & (c < hi)
         coords.append(c - lo)
-    where = tuple(c[inside] for c in coords)
+    return tuple(c[inside] for c in coords), inside
+
+
+def _kernel(xp, x, index, src, dim, reduce, ctx):
+    out = x.copy()
+    if index.size == 0 or out.size == 0:
+        return out
+    where, inside = scatter_targets(xp, "scatter", index, dim, ctx)
     values = src[inside]
     if reduce is None:
         out[where] = values
     elif reduce == "add":
         add_at(xp, out, where, values)
     else:
-        _multiply_at(xp, out, where, values)
+        multiply_at(xp, out, where, values)
     return out
 
 
-def _multiply_at(xp, out, where, values) -> None:
+def multiply_at(xp, out, where, values) -> None:
     """``out[where] *= values`` with repeated positions multiplying in turn."""
     if xp is np or hasattr(xp.multiply, "at"):
         xp.multiply.at(out, where, values)

@@ -118,6 +118,22 @@ def _assign_direct(index):
     return fn, ref
 
 
+def _reduce_ref(dim, reduce, include_self):
+    """NumPy's scatter_reduce: per position, the values it receives (and its own)."""
+    def ref(x, index, src):
+        out = x.copy()
+        got = {}
+        for pos in np.ndindex(index.shape):
+            at = list(pos)
+            at[dim] = index[pos]
+            got.setdefault(tuple(at), []).append(src[pos])
+        for at, values in got.items():
+            values = values + ([x[at]] if include_self else [])
+            out[at] = {"mean": np.mean, "amax": np.max, "amin": np.min}[reduce](values)
+        return out
+    return ref
+
+
 _IDX = [0, -1, 2]  # constant integer indices (the dims they index are at least 3 long)
 
 
@@ -247,6 +263,29 @@ SAMPLES = [
     Sample("scatter_add", lambda x, i, s: x.scatter_add(0, i, s), _scatter_ref(0, "add"),
            [(4, 3), (2, 3), (3, 3)], uneven=[(7, 5), (3, 4), (3, 5)], make=_ints(0, 4),
            grad=(0, 2), name="scatter_add_smaller"),
+    Sample("scatter_reduce", lambda x, i, s: x.scatter_reduce(1, i, s, "sum"),
+           _scatter_ref(1, "add"), [(4, 3), (4, 5), (4, 5)], uneven=[(7, 5), (7, 6), (7, 6)],
+           make=_ints(0, 3), grad=(0, 2)),
+    Sample("scatter_reduce", lambda x, i, s: ct.scatter_reduce(x, 0, i, s, "mean",
+                                                               include_self=False),
+           _reduce_ref(0, "mean", False), [(4, 3), (5, 3), (5, 3)],
+           uneven=[(7, 5), (5, 5), (5, 5)], make=_ints(0, 4), grad=(0, 2),
+           name="scatter_reduce_mean"),
+    Sample("scatter_reduce", lambda x, i, s: x.scatter_reduce(1, i, s, "amax"),
+           _reduce_ref(1, "amax", True), [(4, 3), (4, 5), (4, 5)],
+           uneven=[(7, 5), (7, 6), (7, 6)], make=_ints(0, 3), grad=(0, 2),
+           name="scatter_reduce_amax"),
+    Sample("scatter_reduce", lambda x, i, s: x.scatter_reduce(1, i, s, "amin",
+                                                              include_self=False),
+           _reduce_ref(1, "amin", False), [(4, 3), (4, 2), (4, 2)],
+           uneven=[(7, 5), (7, 2), (7, 2)], make=_ints(0, 3), grad=(0, 2),
+           name="scatter_reduce_amin"),
+    Sample("scatter_reduce", lambda x, i, s: x.scatter_reduce(1, i, s, "prod"),
+           _scatter_ref(1, "multiply"), [(4, 3), (4, 3), (4, 3)], make=_ints(0, 3), grad=(),
+           name="scatter_reduce_prod"),
+    Sample("scatter_reduce_", lambda x, i, s: x.clone().scatter_reduce_(1, i, s, "sum"),
+           _scatter_ref(1, "add"), [(4, 3), (4, 5), (4, 5)], uneven=[(7, 5), (7, 6), (7, 6)],
+           make=_ints(0, 3), grad=(0, 2)),
     Sample("take_along_dim", lambda x, i: ct.take_along_dim(x, i, 1),
            lambda x, i: np.take_along_axis(x, i, 1), [(4, 3), (4, 2)],
            uneven=[(7, 5), (7, 2)], make=_ints(0, 3)),
