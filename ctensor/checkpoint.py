@@ -194,9 +194,11 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     shards are copied to host memory in the call (from the GPU too), so training may go on
     and change them; a background thread writes the copies, and ``handle.wait()``
     (collective) commits the checkpoint on every rank (``handle.poll()``, once per step,
-    commits as soon as every rank's writes are done, without blocking). A save to a path whose previous
-    save is still in flight first finishes that one; saves to other paths stay in flight
-    together. Pending saves are finished at interpreter exit (a failure is printed).
+    commits as soon as every rank's writes are done, without blocking). A save to a path
+    whose previous save is still in flight first finishes that one; saves to other paths
+    stay in flight together. Pending saves are finished at interpreter exit (a failure is
+    printed). The host copies go into staging buffers kept from the previous asynchronous
+    save (``ct.checkpoint_io.free_staging_buffers()`` lets them go).
 
     >>> ct.save({"model": model.state_dict(), "optim": opt.state_dict(), "step": 5}, "ckpt")
     >>> handle = ct.save(state, "ckpt-100", async_op=True); ...; handle.wait()

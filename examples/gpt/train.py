@@ -555,9 +555,9 @@ def training_state(gpt, optimizer, scheduler, memory, rng, step: int) -> dict:
     """Everything the next step depends on (see add_checkpoint_options). The model under
     the whole GPT's names (a stage's own names repeat across stages: ``blocks.0``), so a
     checkpoint loads into any number of pipeline stages."""
-    state = {"model": gpt.state_dict(), "optim": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "step": step, "rng": ct.random.get_state(),
-             "data": {"rng": rng.bit_generator.state}}
+    state = {"model": gpt.state_dict(), "optim": optimizer.state_dict(),
+             "scheduler": scheduler.state_dict(), "step": step,
+             "rng": ct.random.get_state(), "data": {"rng": rng.bit_generator.state}}
     if memory.scaler is not None:
         state["scaler"] = memory.scaler.state_dict()
     return state
