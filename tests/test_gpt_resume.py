@@ -152,3 +152,21 @@ def test_checkpoint_options_are_checked_before_training(train, capsys, options, 
     with pytest.raises(SystemExit) as info:
         train.parse_args(TINY + options)
     assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_resume_skips_a_damaged_checkpoint(train, tmp_path, capsys):
+    """--resume verifies what it loads: a flipped bit in the newest checkpoint makes it
+    resume from the one before, and the curve is still the uncut run's."""
+    save = tmp_path / "ckpt"
+    uncut = train.run(TINY + layout("1x1x1") + ["--save", str(save), "--save-every", str(EVERY),
+                                                "--keep", "2"])
+    newest = save / f"step-{STEPS:06d}"
+    shard = newest / "t0_r0.npy"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    rest = train.run(TINY + layout("1x1x1") + ["--save", str(save), "--save-every", str(EVERY),
+                                              "--resume"])
+    out = capsys.readouterr().out
+    assert f"skipping checkpoint {newest}" in out and "CRC-32" in out
+    assert uncut[:STEPS - EVERY] + rest == uncut
