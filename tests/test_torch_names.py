@@ -214,6 +214,14 @@ def test_floating_point_exceptions_give_inf_and_nan_without_a_warning(mesh):
     assert np.isnan(roots[1]) and roots[2] == 2.0
     assert squares[0] == np.inf and squares[1] == 1.0
     assert np.isnan(ratios[0]) and ratios[1] == -np.inf and ratios[2] == np.inf
+    if len(mesh.rank_list) > 1:                      # a float16 sum of partials that overflows
+        local = {r: np.array([40000.0], dtype=np.float16) for r in mesh.rank_list}
+        partial = ct.from_local(local if not ct.launched_by_mpi() else
+                                local.get(ct.rank()), placement=mesh,
+                                sbp=(ct.sbp.partial_sum,) * mesh.ndim, shape=(1,))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert partial.to_global(sbp=(B,) * mesh.ndim).numpy()[0] == np.inf
     with warnings.catch_warnings():                  # NumPy itself is left as it was
         warnings.simplefilter("error")
         with pytest.raises(RuntimeWarning):
