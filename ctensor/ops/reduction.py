@@ -121,6 +121,15 @@ def unreduce(g, dims: tuple, keepdim: bool, shape: tuple):
                                      shape=tuple(shape))
 
 
+def in_dtype(op, opname: str, x, dtype, **attrs):
+    """``op`` over ``x`` cast to ``dtype``, the result in ``dtype`` too (PyTorch's
+    ``dtype=`` of sum, prod, cumsum, cumprod: ``mask.sum(dtype=ct.int32)`` is int32, not the
+    int64 an integer sum gives otherwise)."""
+    dtype = to_dtype(opname, "dtype", dtype)
+    out = op(OPS.to(x, dtype), **attrs)
+    return out if out.dtype == dtype else OPS.to(out, dtype)
+
+
 def _check(opname, x):
     if not isinstance(x, Tensor):
         raise TypeError(f"{opname}: expected a ct.Tensor, got {type(x).__name__}")
@@ -149,9 +158,10 @@ def sum_(op, x, dim=None, keepdim: bool = False, *, dtype=None):
     >>> x.sum(); x.sum(0); ct.sum(x, (0, 2), keepdim=True)
     """
     _check("sum", x)
-    if dtype is not None:
-        x = OPS.to(x, to_dtype("sum", "dtype", dtype))
-    return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
+    if dtype is None:
+        return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
+    return in_dtype(op, "sum", x, dtype, dims=_dims("sum", dim, x.ndim),
+                     keepdim=bool(keepdim))
 
 
 sum_.op.grad_kernel(
@@ -429,7 +439,7 @@ def _prod_grad_signatures(layouts, dims, keepdim):
 @defop(kernel=_prod_kernel, meta=_reduce_meta("prod"), signatures=_reduce_signatures(None, None),
        backward=lambda ctx, g: (ctx.op.grads["grad"](g, ctx.inputs[0], **ctx.attrs),),
        method=True)
-def prod(op, x, dim=None, keepdim: bool = False):
+def prod(op, x, dim=None, keepdim: bool = False, *, dtype=None):
     """Product over ``dim`` (an int, a tuple, or None for all dims); bool and integer
     tensors multiply in int64; the product of an empty selection is 1.
 
@@ -437,10 +447,13 @@ def prod(op, x, dim=None, keepdim: bool = False):
     of other dims stay local. The gradient of each element is the product of the others,
     from exclusive prefix and suffix products (``prod.grad``), exact with zeros present.
 
-    >>> x.prod(1); ct.prod(x)
+    >>> x.prod(1); ct.prod(x); x.prod(dtype=ct.float64)
     """
     _check("prod", x)
-    return op(x, dims=_dims("prod", dim, x.ndim), keepdim=bool(keepdim))
+    if dtype is None:
+        return op(x, dims=_dims("prod", dim, x.ndim), keepdim=bool(keepdim))
+    return in_dtype(op, "prod", x, dtype, dims=_dims("prod", dim, x.ndim),
+                     keepdim=bool(keepdim))
 
 
 prod.op.grad_kernel(

@@ -24,6 +24,7 @@ from ..dtypes import reduction_dtype
 from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig
+from .reduction import in_dtype
 from .shape import partial_signatures
 
 __all__ = ["cumsum", "cumprod", "diff"]
@@ -48,13 +49,16 @@ def _signatures(layouts, dim, reverse):
        backward=lambda ctx, g: (cumsum.op(g, dim=ctx.attrs["dim"],
                                           reverse=not ctx.attrs["reverse"]),),
        method=True)
-def cumsum(op, x, dim: int):
-    """Cumulative sum along ``dim``; bool and integer tensors sum in int64. A split along
-    ``dim`` is gathered first (boxing); splits of other dims stay local.
+def cumsum(op, x, dim: int, *, dtype=None):
+    """Cumulative sum along ``dim``; bool and integer tensors sum in int64 (``dtype=``: the
+    input is cast to it first, as PyTorch). A split along ``dim`` is gathered first
+    (boxing); splits of other dims stay local.
 
-    >>> x.cumsum(1); ct.cumsum(x, dim=0)
+    >>> x.cumsum(1); ct.cumsum(x, dim=0); mask.cumsum(-1, dtype=ct.int32)
     """
     (x,) = as_tensor([x], "cumsum")
+    if dtype is not None:
+        return in_dtype(lambda t: cumsum(t, dim), "cumsum", x, dtype)
     d = norm_dim("cumsum", dim, x.ndim)
     if x.ndim == 0:
         return op(x.reshape(1), dim=0, reverse=False).reshape(())
@@ -100,14 +104,16 @@ def _cumprod_signatures(layouts, dim):
                                    reduction_dtype("cumsum", layouts[0].dtype))],
        backward=lambda ctx, g: (ctx.op.grads["grad"](g, ctx.inputs[0], **ctx.attrs),),
        method=True)
-def cumprod(op, x, dim: int):
+def cumprod(op, x, dim: int, *, dtype=None):
     """Cumulative product along ``dim``; bool and integer tensors multiply in int64. A
     split along ``dim`` is gathered first; splits of other dims stay local. The gradient is
     exact with zeros in ``x`` (no division).
 
-    >>> x.cumprod(1); ct.cumprod(x, dim=0)
+    >>> x.cumprod(1); ct.cumprod(x, dim=0); x.cumprod(0, dtype=ct.float64)
     """
     (x,) = as_tensor([x], "cumprod")
+    if dtype is not None:
+        return in_dtype(lambda t: cumprod(t, dim), "cumprod", x, dtype)
     d = norm_dim("cumprod", dim, x.ndim)
     if x.ndim == 0:
         return op(x.reshape(1), dim=0).reshape(())
