@@ -34,12 +34,32 @@ TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
         "--dtype", "float64", "--dropout", "0.1", "--no-progress", "--lr", "1e-2"]
 
 
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "PMIX"))}
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    return env
+
+
 @pytest.fixture(scope="module")
-def train():
+def child_corpus() -> str:
+    """The corpus a fresh process builds. This process's may differ: the corpus is the
+    docstrings of live stdlib objects, and importing torch (other test files do) replaces
+    ``inspect.getfile``, which then drops out of it."""
+    return subprocess.run([sys.executable, "-c", "import sys, data; "
+                           "sys.stdout.write(data.corpus_text())"], cwd=TRAIN.parent,
+                          env=child_env(), capture_output=True, text=True, check=True,
+                          timeout=60).stdout
+
+
+@pytest.fixture
+def train(child_corpus, monkeypatch):
+    """train.py as a module, its runs in this process on the corpus of the killed one."""
     import importlib.util
     spec = importlib.util.spec_from_file_location("gpt_train_resume", TRAIN)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    import data
+    monkeypatch.setattr(data, "corpus_text", lambda: child_corpus)
     return mod
 
 
@@ -56,12 +76,10 @@ def run_and_kill(config: str, save: Path, log: Path, kill_after: int) -> tuple:
     """train.py on ``config`` in a process of its own, SIGKILLed at the first step from
     ``kill_after`` on that a periodic checkpoint is complete by; the losses it logged by
     step, and the step it was killed after."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI", "OMPI", "PMIX"))}
-    env["OPENBLAS_NUM_THREADS"] = "1"
     proc = subprocess.Popen([sys.executable, str(TRAIN), *TINY, *layout(config),
                              "--save", str(save), "--save-every", str(EVERY),
                              "--log-json", str(log)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=child_env())
     losses: dict = {}
     deadline = time.monotonic() + 120
     try:
