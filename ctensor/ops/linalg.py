@@ -1,4 +1,7 @@
-"""Matrix products: ``matmul`` (``a @ b``) with NumPy batching and 1-D operands.
+"""Matrix products: ``matmul`` (``a @ b``) with NumPy batching and 1-D operands; PyTorch's
+fixed-rank forms (``mm bmm mv dot``), ``addmm``/``baddbmm``, ``outer``; and the
+``ct.linalg`` norms (composites of sum and amax/amin, at the end of the file). The operands
+of a product must share a dtype (``TypeError``, as PyTorch).
 
 One op, ``matmul``, with two internal attributes ``transpose_a`` / ``transpose_b`` (swap the
 last two dims of a >= 2-D operand before the product) so that backward passes and

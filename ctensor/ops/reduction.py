@@ -1,5 +1,5 @@
-"""Reductions: sum, mean, prod, amax/amin (and max/min), argmax/argmin; var, std and norm
-written with them.
+"""Reductions: sum, mean, prod, amax/amin (and max/min), argmax/argmin, any/all; var, std,
+norm and logsumexp written with them.
 
 Signatures (1-D) for a reduction over dims D:
 
@@ -10,7 +10,8 @@ Signatures (1-D) for a reduction over dims D:
   divides each local sum by the *global* count), P(max)/P(min) for amax/amin;
 * P -> P for sum/mean (linear), P(max) -> P(max) for amax (max of maxes), P(min) likewise.
 
-argmax/argmin need the values and positions together, so they accept B and S(e), e != d;
+any/all reduce like amax/amin (a split reduced dim gives P(max) / P(min): the OR / AND
+across ranks). argmax/argmin need the values and positions together, so they accept B and S(e), e != d;
 a split along the reduced dim is boxed first. ``prod`` has no partial-product SBP either:
 B -> B and S(e), e not in D, only. ``max(dim)``/``min(dim)`` are argmax/argmin and a
 ``gather`` of the values at those indices, so the gradient goes to the returned index
