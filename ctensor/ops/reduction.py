@@ -12,9 +12,9 @@ Signatures (1-D) for a reduction over dims D:
 
 any/all reduce like amax/amin (a split reduced dim gives P(max) / P(min): the OR / AND
 across ranks). argmax/argmin need the values and positions together, so they accept B and
-S(e), e != d; a split along the reduced dim is boxed first. ``prod`` has no
-partial-product SBP either: B -> B and S(e), e not in D, only. ``max(dim)``/``min(dim)`` are argmax/argmin and a
-``gather`` of the values at those indices, so the gradient goes to the returned index
+S(e), e != d; a split along the reduced dim is boxed first. ``prod`` has no partial-product
+SBP either: B -> B and S(e), e not in D, only. ``max(dim)``/``min(dim)`` are argmax/argmin
+and a ``gather`` of the values at those indices, so the gradient goes to the returned index
 (PyTorch's rule), while ``amax``/``amin`` share it evenly among ties. max, min, amax, amin,
 argmax and argmin of an empty selection raise ``ValueError`` before any communication.
 """
