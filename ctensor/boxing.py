@@ -284,6 +284,29 @@ class _Relabel(_Step):
         return shards
 
 
+class _Rehome(_Step):
+    """Onto another placement of the same device where every target rank already holds its
+    region in the source (a broadcast tensor over all ranks taken on a 2-D mesh of them): a
+    local slice of each rank's own shard, no message."""
+
+    collective = "rehome"
+    local = True
+    aliases = True
+
+    @staticmethod
+    def applies(before: Layout, after: Layout) -> bool:
+        if before.placement.device != after.placement.device:
+            return False
+        source = set(before.placement.rank_list)
+        return all(d in source and intersect(after.region(d), before.region(d)) ==
+                   after.region(d) for d in after.placement.rank_list)
+
+    def run(self, comm, shards):
+        before, after = self.before, self.after
+        return {d: shards[d][slices(after.region(d), before.region(d))]
+                for d in after.placement.rank_list if d in shards}
+
+
 class _Exchange(_Step):
     """Point-to-point move of intersecting regions between two placements."""
 
@@ -474,7 +497,8 @@ def plan(src: Layout, dst: Layout) -> tuple:
     steps += _same_placement_steps(src, mid_sbp)
     mid = src.with_sbp(mid_sbp)
     landed = Layout(dst.shape, dst.dtype, dst.placement, _without_partial(dst, scatter=False))
-    steps.append(_Exchange(mid, landed))
+    steps.append(_Rehome(mid, landed) if _Rehome.applies(mid, landed) else
+                 _Exchange(mid, landed))
     steps += _same_placement_steps(landed, dst.sbp)
     return tuple(steps)
 

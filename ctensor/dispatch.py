@@ -353,6 +353,25 @@ def _same_placement(opname: str, placements: Sequence) -> Placement:
     return first
 
 
+def _rehomed(values: Sequence, tensors: list) -> tuple:
+    """A tensor broadcast over every rank of its placement meets tensors on another
+    placement of the same ranks and device (a position or mask made without a placement,
+    used with a model on a 2-D mesh): it is taken onto theirs, as each rank's own array
+    (``boxing._Rehome``, no message). Other mixes are left for the error."""
+    def replicated(t):
+        return all(type(e) is Broadcast for e in t.sbp)
+    homes = [t.placement for t in tensors if not replicated(t)] or \
+        [max((t.placement for t in tensors), key=lambda p: p.ndim)]
+    home = homes[0]
+    if any(p != home for p in homes) or any(
+            t.placement.device != home.device or
+            sorted(t.placement.rank_list) != sorted(home.rank_list) for t in tensors):
+        return values, tensors
+    moved = {id(t): t.to_global(placement=home, sbp=(Broadcast(),) * home.ndim)
+             for t in tensors if t.placement != home}
+    return ([moved.get(id(v), v) for v in values], [moved.get(id(t), t) for t in tensors])
+
+
 def as_tensor(values: Sequence, opname: str) -> tuple:
     """``values`` as tensors: scalars and arrays among them become broadcast constants on
     the tensors' placement (``None`` stays ``None``); all tensors must share one placement.
@@ -373,6 +392,8 @@ def as_tensor(values: Sequence, opname: str) -> tuple:
     if not tensors:
         raise TypeError(f"{opname}: expected at least one ct.Tensor argument, got "
                         f"{[type(v).__name__ for v in values]}")
+    if any(t.placement != tensors[0].placement for t in tensors):
+        values, tensors = _rehomed(values, tensors)
     placement = _same_placement(opname, [t.placement for t in tensors])
     dtypes = [t.dtype for t in tensors]
     out = []

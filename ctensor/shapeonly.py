@@ -43,6 +43,8 @@ def box(buffer: MetaBuffer, src: Layout, dst: Layout) -> MetaBuffer:
         if step.local:
             if not step.aliases:  # a partial pad writes a new array
                 buffer = MetaBuffer(step.after.placement, rank_bytes(step.after), True)
+            elif step.after.placement != buffer.placement:  # views on another placement
+                buffer = MetaBuffer(step.after.placement, rank_bytes(step.after))
             continue
         with debug.boxing_step(step):
             debug.record(step, _fed(step))

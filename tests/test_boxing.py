@@ -235,3 +235,34 @@ def test_three_axis_mesh_pairs(world4):
         x = ct.tensor(value, placement=mesh, sbp=src)
         for dst in sbps[::2]:
             assert_layout(x.to_global(sbp=dst), value)
+
+
+def test_a_broadcast_tensor_meets_a_mesh_of_the_same_ranks_as_it_is(world4):
+    # a tensor made without a placement (positions, a mask) is broadcast over the world's
+    # 1-D placement; a model on a 2-D mesh of the same ranks uses it with no message
+    S, B = ct.sbp.split, ct.sbp.broadcast
+    mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(6), rng.standard_normal((5, 6))
+    x = ct.tensor(a, placement=ct.placement("cpu", [0, 1, 2, 3]), requires_grad=True)
+    y = ct.tensor(b, placement=mesh, sbp=(S(0), S(1)), requires_grad=True)
+    with ct.debug.comm_log() as log:
+        z = y * x
+        w = (x > 0) & (y > 0)
+    assert log.collectives() == []
+    assert z.placement == mesh and z.sbp == (S(0), S(1)) and w.placement == mesh
+    assert_layout(z, b * a)
+    np.testing.assert_array_equal(w.numpy(), (a > 0) & (b > 0))
+    z.sum().backward()
+    assert x.grad.placement == x.placement and x.grad.sbp == (B,)
+    np.testing.assert_allclose(x.grad.numpy(), b.sum(0))
+    # the step is local and a view of each rank's shard; a split source is not taken so
+    src = x._layout.with_sbp((B,))
+    dst = ct.layout.Layout(src.shape, src.dtype, mesh, (B, B))
+    assert [type(s).__name__ for s in boxing.plan(src, dst)] == ["_Rehome"]
+    split = ct.tensor(a, placement=ct.placement("cpu", [0, 1, 2, 3]), sbp=S(0))
+    with pytest.raises(ValueError, match="different placements"):
+        split + y
+    other = ct.tensor(a, placement=ct.placement("cpu", [0, 1]))
+    with pytest.raises(ValueError, match="different placements"):
+        other + y

@@ -505,15 +505,9 @@ def test_program_parallel_by_sbp_rules_alone(name, layout):
 
 # Llama and nanoGPT make tensors inside forward (the rotary tables and the causal mask,
 # the positions) with no placement: they live broadcast on the 1-D placement of the whole
-# world, and an op refuses to mix that with the (2, 2) mesh of the activations although
-# the ranks and values are the same
-_MADE_IN_FORWARD = pytest.mark.xfail(
-    strict=True, reason="needs a 1-D broadcast tensor to meet a 2-D mesh over the same ranks "
-                        "(or a default placement for tensors made in forward)")
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=_MADE_IN_FORWARD)
-                                  if n in ("llama", "nanogpt") else n for n in PROGRAMS])
+# world, and meet the (2, 2) mesh of the activations over the same ranks, where dispatch
+# takes them as they are (no message)
+@pytest.mark.parametrize("name", list(PROGRAMS))
 def test_program_on_a_data_and_tensor_parallel_mesh(name):
     # a (dp, tp) = (2, 2) mesh: the 1-D rules on the tensor-parallel axis, broadcast on the
     # data-parallel one, the batch split along it
