@@ -55,9 +55,10 @@ def write(opname: str, x: Tensor, result: Tensor) -> Tensor:
                         f"first (x = x.to({result.dtype.name}))")
     tracked = autograd.is_grad_enabled() and result.requires_grad
     with autograd.no_grad():
-        value = OPS.to_global(result, x.placement, x.sbp)
-        if value.dtype != x.dtype:
-            value = OPS.to(value, x.dtype)
+        # cast first, then box: the boxing is the last step, so the value has x's layout
+        # exactly (a cast may choose another layout, e.g. of a P(max) value)
+        value = OPS.to(result, x.dtype) if result.dtype != x.dtype else result
+        value = OPS.to_global(value, x.placement, x.sbp)
     if type(x._shards) is not MetaBuffer:  # (shape-only: nothing to write)
         _write_shards(x, value)
     x._version.value += 1
