@@ -2,7 +2,8 @@
 
 * In a plain ``pytest`` run every test that takes ``mesh`` runs once per mesh shape in
   ``MESHES`` inside ``ct.simulate(size)``; ``tests/test_mpi.py`` then re-runs the whole suite
-  under ``mpiexec -n 2`` and ``-n 4``.
+  under ``mpiexec -n 2`` and ``-n 4`` (there ``--meshes=4,2x2``: the smaller meshes ran
+  under -n 2).
 * Under mpiexec the same test uses the real world (meshes larger than it are skipped — a
   decision every rank takes alike). A failing test aborts the whole MPI job at once, so no
   rank is left waiting in a collective.
