@@ -17,11 +17,13 @@ import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import grad_hooks, gradsync
+from .grad_hooks import RemovableHandle
 from .registry import OPS
 from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
-           "FunctionContext", "saved_tensors_hooks", "regather_saved", "graph_handle", "no_grad",
+           "FunctionContext", "RemovableHandle", "saved_tensors_hooks", "regather_saved",
+           "graph_handle", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size"]
 

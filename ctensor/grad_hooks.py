@@ -31,12 +31,22 @@ _ids = itertools.count()
 
 
 class RemovableHandle:
-    """What :meth:`Tensor.register_hook` returns: ``remove()`` takes the hook off."""
+    """What :meth:`Tensor.register_hook` (and ``nn.Module``'s hook registrations, as
+    ``ct.autograd.RemovableHandle``) return: ``remove()`` takes the hook off (PyTorch's
+    ``torch.utils.hooks.RemovableHandle``)."""
 
     __slots__ = ("_hooks", "_key")
 
     def __init__(self, hooks: dict, key: int):
         self._hooks, self._key = hooks, key
+
+    @classmethod
+    def add(cls, hooks: dict, hook: Callable) -> "RemovableHandle":
+        """Put ``hook`` into ``hooks`` (``{key: fn}``, run in registration order) under a
+        new key; the handle that takes it off again."""
+        key = next(_ids)
+        hooks[key] = hook
+        return cls(hooks, key)
 
     def remove(self) -> None:
         self._hooks.pop(self._key, None)
@@ -66,9 +76,7 @@ def register(tensor, hook: Callable) -> RemovableHandle:
         if node.hooks is None:
             node.hooks = {}
         hooks = node.hooks.setdefault(tensor._out_index, {})
-    key = next(_ids)
-    hooks[key] = hook
-    return RemovableHandle(hooks, key)
+    return RemovableHandle.add(hooks, hook)
 
 
 def apply(hooks: Optional[dict], grad):

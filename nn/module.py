@@ -77,25 +77,9 @@ class Parameter(ct.Tensor):
         return "Parameter(" + super().__repr__()[len("tensor("):]
 
 
-class RemovableHandle:
-    """What ``register_forward_pre_hook`` / ``register_forward_hook`` return: ``remove()``
-    takes the hook off again (PyTorch's ``torch.utils.hooks.RemovableHandle``)."""
-
-    _next_id = 0
-
-    def __init__(self, table: dict):
-        self._table = table
-        self.id = RemovableHandle._next_id
-        RemovableHandle._next_id += 1
-
-    def remove(self) -> None:
-        self._table.pop(self.id, None)
-
-    def __enter__(self) -> "RemovableHandle":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.remove()
+#: what the hook registrations return (``remove()``), the core's: PyTorch's
+#: ``torch.utils.hooks.RemovableHandle``
+RemovableHandle = ct.autograd.RemovableHandle
 
 
 class IncompatibleKeys(NamedTuple):
@@ -150,9 +134,7 @@ def _add_hook(fn: str, hooks: dict, hook) -> "RemovableHandle":
     handle; ``TypeError`` naming ``fn`` when it is not callable."""
     if not callable(hook):
         raise TypeError(f"{fn}: argument 'hook' must be callable, got {type(hook).__name__}")
-    handle = RemovableHandle(hooks)
-    hooks[handle.id] = hook
-    return handle
+    return RemovableHandle.add(hooks, hook)
 
 
 class Module:

@@ -417,19 +417,26 @@ class Watchdog:
             if not all(req.Test() for req in recvs.values()):  # not merely late
                 raise self._missing_error(call, answers, limit)
             self.wait(sends, call, peers)
-        records = {p: _unpack(bufs[p]) for p in peers}
+        self._compare(mine, call.describe(), bufs, ": ",
+                      f"ranks {list(members)} reached different collectives (seen from rank "
+                      f"{self.rank}):",
+                      "Every rank of a placement must run the same ops on the same global "
+                      "tensors (same shapes, dtypes and SBPs) in the same order: look for "
+                      "rank-dependent branches or data before this op. The job cannot "
+                      "continue and will be aborted.")
+
+    def _compare(self, mine: np.ndarray, my_text: str, bufs: dict, sep: str, header: str,
+                 advice: str) -> None:
+        """The peers' records in ``bufs`` against ``mine``: nothing when every digest
+        matches, else a :class:`DivergenceError` listing each rank's text (``rank r`` +
+        ``sep`` + text) between ``header`` and ``advice``."""
+        records = {p: _unpack(buf) for p, buf in bufs.items()}
         digest, _ = _unpack(mine)
         if all(d == digest for d, _ in records.values()):
             return
-        texts = {self.rank: call.describe(), **{p: t for p, (_, t) in records.items()}}
-        lines = [f"ranks {list(members)} reached different collectives (seen from rank "
-                 f"{self.rank}):"]
-        lines += [f"  rank {r}: {texts[r]}" for r in sorted(texts)]
-        lines.append("Every rank of a placement must run the same ops on the same global "
-                     "tensors (same shapes, dtypes and SBPs) in the same order: look for "
-                     "rank-dependent branches or data before this op. The job cannot "
-                     "continue and will be aborted.")
-        raise DivergenceError("\n".join(lines))
+        texts = {self.rank: my_text, **{p: t for p, (_, t) in records.items()}}
+        lines = [header] + [f"  rank {r}{sep}{texts[r]}" for r in sorted(texts)]
+        raise DivergenceError("\n".join(lines + [advice]))
 
     def disagree(self, call: Call, members: Sequence[int]) -> None:
         """The always-on digest check of ``call`` differed between ``members``. Every member
@@ -480,16 +487,11 @@ class Watchdog:
         self.creating = what  # kept after an error: the answer while the job aborts
         self.wait(reqs, call, peers)
         self.creating = None
-        records = {p: _unpack(bufs[p]) for p in peers}
-        if all(d == digest for d, _ in records.values()):
-            return
-        texts = {self.rank: _unpack(mine)[1], **{p: t for p, (d, t) in records.items()}}
-        lines = [f"ranks {list(members)} are about to create different communicators (seen "
-                 f"from rank {self.rank}), so neither creation could ever complete:"]
-        lines += [f"  rank {r} creates {texts[r]}" for r in sorted(texts)]
-        lines.append("A placement's rank list is ordered (ct.placement(\"cpu\", [0, 1]) and "
-                     "ct.placement(\"cpu\", [1, 0]) are different groups): every rank must "
-                     "build the same placements and run the same ops on them in the same "
-                     "order; look for a rank-dependent placement or branch before this op. "
-                     "The job cannot continue and will be aborted.")
-        raise DivergenceError("\n".join(lines))
+        self._compare(mine, _unpack(mine)[1], bufs, " creates ",
+                      f"ranks {list(members)} are about to create different communicators "
+                      f"(seen from rank {self.rank}), so neither creation could ever complete:",
+                      "A placement's rank list is ordered (ct.placement(\"cpu\", [0, 1]) and "
+                      "ct.placement(\"cpu\", [1, 0]) are different groups): every rank must "
+                      "build the same placements and run the same ops on them in the same "
+                      "order; look for a rank-dependent placement or branch before this op. "
+                      "The job cannot continue and will be aborted.")

@@ -40,7 +40,8 @@ from .embedding import check_int
 from .embedding import index_add as add_at
 from .selection import index_range
 
-__all__ = ["scatter", "scatter_add", "take_along_dim", "scatter_targets", "multiply_at"]
+__all__ = ["scatter", "scatter_add", "take_along_dim", "scatter_targets", "scatter_signatures",
+           "multiply_at"]
 
 _REDUCES = (None, "add", "multiply")
 
@@ -51,20 +52,28 @@ def _meta(layouts, dim, reduce):
     return [(tuple(x.shape), x.dtype)]
 
 
-def _signatures(layouts, dim, reduce):
-    x, index, _ = layouts
+def scatter_signatures(x, index, dim: int, partial: bool, adds: bool) -> list:
+    """The signatures of a scatter of ``src`` into ``x`` at ``index`` along ``dim`` (also
+    ``scatter_reduce``'s): ``partial`` where a partial ``x`` and ``src`` give the partial
+    result (the write is linear), ``adds`` where it also adds into ``x`` (then a split index
+    and src write into a partial ``x``)."""
     # (no S(e), B, B for e != dim: another mesh axis taking S(e), S(e), S(e) would leave a
     # rank's part of x outside its part of index; boxing index B -> S(e) is a local slice)
     cands = [sig([B, B, B], B), sig([S(dim), B, B], S(dim))]
     cands += [sig([S(e), S(e), S(e)], S(e)) for e in range(x.ndim)
               if e != dim and x.shape[e] == index.shape[e]]
-    if x.dtype.kind != "b" and reduce != "multiply":
+    if partial and x.dtype.kind != "b":
         cands.append(sig([P, B, P], P))
-        if reduce == "add":  # (not where S(e), S(e), S(e) is offered: another mesh axis
-            # taking that would split x's part of e differently from index's)
+        if adds:  # (not where S(e), S(e), S(e) is offered: another mesh axis taking that
+            # would split x's part of e differently from index's)
             cands += [sig([P, S(e), S(e)], P) for e in range(x.ndim)
                       if e == dim or x.shape[e] != index.shape[e]]
     return cands
+
+
+def _signatures(layouts, dim, reduce):
+    x, index, _ = layouts
+    return scatter_signatures(x, index, dim, partial=reduce != "multiply", adds=reduce == "add")
 
 
 def scatter_targets(xp, opname: str, index, dim: int, ctx):

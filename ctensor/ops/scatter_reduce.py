@@ -27,12 +27,12 @@ import numpy as np
 from ..dispatch import as_tensor
 from ..registry import OPS
 from ..tensor import Tensor
-from ._rules import B, P, S, defop, norm_dim, sig
+from ._rules import defop, norm_dim
 from .embedding import check_int
 from .embedding import index_add as add_at
-from .scatter import multiply_at, scatter_targets
+from .scatter import multiply_at, scatter_signatures, scatter_targets
 
-__all__ = ["scatter_reduce", "scatter_reduce_"]
+__all__ = ["scatter_reduce"]  # (scatter_reduce_ is in inplace.py, with the other in-place ops)
 
 _REDUCES = ("sum", "prod", "mean", "amax", "amin")
 
@@ -59,15 +59,8 @@ def _meta(layouts, dim, reduce, include_self):
 
 def _signatures(layouts, dim, reduce, include_self):
     x, index, _ = layouts
-    cands = [sig([B, B, B], B), sig([S(dim), B, B], S(dim))]
-    cands += [sig([S(e), S(e), S(e)], S(e)) for e in range(x.ndim)
-              if e != dim and x.shape[e] == index.shape[e]]
-    if reduce == "sum" and x.dtype.kind != "b":
-        cands.append(sig([P, B, P], P))
-        if include_self:
-            cands += [sig([P, S(e), S(e)], P) for e in range(x.ndim)
-                      if e == dim or x.shape[e] != index.shape[e]]
-    return cands
+    return scatter_signatures(x, index, dim, partial=reduce == "sum",
+                              adds=reduce == "sum" and include_self)
 
 
 def _kernel(xp, x, index, src, dim, reduce, include_self, ctx):
