@@ -5,7 +5,7 @@ import operator
 
 import numpy as np
 
-__all__ = ["unpack_sizes", "int_args", "norm_dim", "prefix_sums"]
+__all__ = ["unpack_sizes", "int_args", "norm_dim"]
 
 
 def unpack_sizes(sizes: tuple) -> tuple:
@@ -39,11 +39,3 @@ def norm_dim(opname: str, dim, ndim: int, arg: str = "dim") -> int:
                          f"dims; accepted {lo}..{hi}")
     return int(dim) % max(ndim, 1)
 
-
-def prefix_sums(counts) -> list:
-    """``[0, c0, c0+c1, ...]``: the start of each part and, last, the total."""
-    out, total = [0], 0
-    for c in counts:
-        total += int(c)
-        out.append(total)
-    return out

@@ -37,7 +37,7 @@ from .datacheck import check_broadcast_data, check_same_data, check_tensor_data
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
            "check_same_data", "check_broadcast_data",
-           "boxing_step", "current_context", "describe_step",
+           "boxing_step",
            "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats"]
 
 
@@ -162,14 +162,6 @@ class boxing_step:
 
     def __exit__(self, *exc) -> None:
         context.step_stack.pop()
-
-
-def current_context() -> tuple:
-    """``(op name, boxing step or None)`` of the collective about to run."""
-    return context.current()
-
-
-describe_step = context.describe_step
 
 
 def _per_rank(step, nbytes: int) -> int:

@@ -26,7 +26,8 @@ import numpy as np
 __all__ = [
     "SBP", "Split", "Broadcast", "Partial", "ReduceOp", "split", "broadcast",
     "partial_sum", "partial_max", "partial_min", "split_sizes", "split_range",
-    "local_region", "local_box", "local_shape", "normalize_sbp", "format_sbp", "without_partial", "dual",
+    "local_region", "local_shape", "normalize_sbp", "format_sbp", "without_partial",
+    "dual",
 ]
 
 
@@ -203,9 +204,6 @@ def local_region(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[
             a, b = split_range(stop - start, mesh_shape[axis], coord[axis])
             box[entry.dim] = (start + a, start + b)
     return tuple(box)
-
-
-local_box = local_region  # the earlier name, kept for users of ct.sbp.local_box
 
 
 def local_shape(shape: Sequence[int], sbp: Sequence[SBP], mesh_shape: Sequence[int],
