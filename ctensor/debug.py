@@ -30,6 +30,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from . import memory as _memory
+from . import profile as _profile
 from . import worktrace as _trace
 from .comm import context
 from .datacheck import check_broadcast_data, check_same_data, check_tensor_data
@@ -38,7 +39,11 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
            "check_same_data", "check_broadcast_data",
            "boxing_step",
-           "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats"]
+           "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats",
+           "profile"]
+
+#: ``with ct.debug.profile() as prof:``: where each step's time goes (ctensor/profile.py)
+profile = _profile.profile
 
 
 # ----------------------------------------------------------------------------- comm log
@@ -159,9 +164,13 @@ class boxing_step:
 
     def __enter__(self):
         context.step_stack.append(self.step)
+        if _profile.on:  # ct.debug.profile(): the step's copies around its collective
+            _profile.enter(_profile.BOXING, getattr(self.step, "collective", "boxing"))
 
     def __exit__(self, *exc) -> None:
         context.step_stack.pop()
+        if _profile.on:
+            _profile.leave()
 
 
 def _per_rank(step, nbytes: int) -> int:

@@ -51,6 +51,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from . import autograd, boxing, quiet, saved, shapeonly
+from . import profile as _profile
 from . import cost as cost_model
 from .arrays import array_module
 from .choice import choose
@@ -441,6 +442,8 @@ def _casts_leaf(node) -> bool:
 
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
+    if _profile.on and _profile.outer(opdef):  # ct.debug.profile(): this call, timed
+        return _profile.op(apply, opdef, tensors, attrs)
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
     grads = pinned = 0  # bit i: input i needs a gradient / is a parameter
     n = len(tensors)
@@ -501,6 +504,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     else:
         xp, kernel = plan.xp, opdef.kernel
         token = quiet.off()  # no RuntimeWarning: inf/nan as PyTorch gives (ctensor/quiet.py)
+        timed = _profile.on and _profile.kernel_enter(opdef)
         try:
             if plan.unrolled:
                 # (the common case, unrolled: one output, no context, one or two inputs)
@@ -538,6 +542,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             raise
         finally:
             quiet.restore(token)
+            if timed:
+                _profile.leave()
         outputs = [Tensor(out_layouts[0], results[0])] if single else \
             [Tensor(l, r) for l, r in zip(out_layouts, results)]
     if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so

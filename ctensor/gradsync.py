@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import boxing, debug, memory
+from . import profile as _profile
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
@@ -224,10 +225,13 @@ class Synchronizer:
     def _start(self, bucket: _Bucket) -> None:
         del self.open[bucket.key]
         context.op_stack.append("grad_sync")  # names the bucket in the communication log
+        packs = _profile.on and _profile.enter(_profile.BOXING, "grad_sync pack")
         try:
             bucket.start()
         finally:
             context.op_stack.pop()
+            if packs:
+                _profile.leave()
         self.started.append(bucket)
 
     def progress(self) -> None:
@@ -241,8 +245,13 @@ class Synchronizer:
         for bucket in list(self.open.values()):
             self._start(bucket)
         results = list(self.direct)
-        for bucket in self.started:
-            results += bucket.finish()
+        unpacks = _profile.on and _profile.enter(_profile.BOXING, "grad_sync wait")
+        try:
+            for bucket in self.started:
+                results += bucket.finish()
+        finally:
+            if unpacks:
+                _profile.leave()
         for leaf, g in results:
             _set_grad(leaf, g)
 

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import numpy as np
 
 import ctensor as ct
+from ctensor.profile import phase
 
 __all__ = ["Optimizer"]
 
@@ -110,7 +111,7 @@ class Optimizer:
         if closure is not None:
             with ct.enable_grad():
                 loss = closure()
-        with ct.no_grad():
+        with ct.no_grad(), phase("optimizer"):  # (ct.debug.profile()'s column)
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is None:

@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import context
+from .. import profile as _profile
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
@@ -217,14 +218,20 @@ class MPICommunicator(NonblockingExchange, Communicator):
             watchdog.verify(call, group)
         channel = self._channel(group, call)
         request = channel.start_guard(hash((seq, _KIND[collective], guard)))
+        waits = _profile.on and _profile.enter(_profile.WAIT, collective)  # for the others
         watchdog.wait([request], call, channel.peers)
+        if waits:
+            _profile.leave()
         if not channel.agreed():
             watchdog.disagree(call, group)
         return call, channel
 
     def _finish(self, requests: list, call: Call, channel: _Channel) -> None:
         watchdog = self.watchdog
+        moves = _profile.on and _profile.enter(_profile.COLL, call.collective)  # data moving
         watchdog.wait(requests, call, channel.peers)
+        if moves:
+            _profile.leave()
         watchdog.doing = None
         watchdog.last = call
 
@@ -404,7 +411,10 @@ class MPICommunicator(NonblockingExchange, Communicator):
                 if data.nbytes:
                     peers.add(m.dst)
                     requests.append(self.world.Isend([data, MPI.BYTE], dest=m.dst, tag=m.tag))
+        moves = _profile.on and _profile.enter(_profile.COLL, "send_recv")
         self.watchdog.wait(requests, call, sorted(peers))
+        if moves:
+            _profile.leave()
         self.watchdog.doing = None
         self.watchdog.last = call
         return received

@@ -1,0 +1,125 @@
+"""ct.debug.profile(): the step profile's columns, table and Chrome trace (ctensor/profile.py)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+import ctensor.nn as nn
+import ctensor.optim as optim
+from ctensor import profile as profile_module
+from conftest import MPI_MODE, world
+
+COLUMNS = profile_module.COLUMNS
+
+
+def _train(steps: int, prof=None):
+    """A data-parallel MLP over every rank of the world: forward, backward (one bucket),
+    clip inside the optimizer phase, AdamW."""
+    pl = ct.placement("cpu", list(range(ct.world_size())))
+    ct.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    model.to_global(pl, (ct.sbp.broadcast,))
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    x = ct.randn(8, 16, placement=pl, sbp=(ct.sbp.split(0),))
+    losses = []
+    for _ in range(steps):
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        with ct.debug.profile.phase("optimizer"):
+            nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.item()))
+        if prof is not None:
+            prof.step()
+    return losses
+
+
+def test_columns_add_up_and_name_the_work():
+    with world(2):
+        with ct.debug.profile() as prof:
+            _train(3, prof)
+        assert not profile_module.on  # closed: the hooks are off again
+        totals = dict(zip(COLUMNS, prof.totals))
+        # every moment charged once: the columns sum to the wall time
+        assert sum(prof.totals) == pytest.approx(prof.wall, rel=1e-6)
+        for col in ("forward kernels", "backward kernels", "dispatch/tape", "optimizer",
+                    "boxing copies"):
+            assert totals[col] > 0, (col, totals)
+        if MPI_MODE:  # real collectives: time inside MPI, and in the members' agreement
+            assert totals["collectives"] > 0 and totals["waiting"] > 0
+        names = {e[0] for e in prof.events}
+        assert {"matmul_t", "fused_adam", "backward", "optimizer"} <= names or \
+            {"fused_adam", "backward", "optimizer"} <= names, sorted(names)
+        kernels = {COLUMNS[e[1]] for e in prof.events if e[0] == "fused_adam"}
+        assert "optimizer" in kernels  # an optimizer kernel is charged to the optimizer
+        assert prof.steps == 3
+        table = prof.table()
+        lines = table.splitlines()
+        assert "3 steps" in lines[0] and "fwd kernel" in lines[1]
+        rows = lines[2:-1]
+        assert len(rows) == (ct.world_size() if MPI_MODE else 1)
+        assert lines[-1].startswith("share") and lines[-1].endswith("100%")
+
+
+def test_chrome_trace_one_row_per_rank():
+    with world(2):
+        with ct.debug.profile() as prof:
+            _train(2, prof)
+        d = os.environ.get("CTENSOR_TEST_TMP") or tempfile.mkdtemp()
+        path = os.path.join(d, "profile_trace.json")
+        prof.export_chrome_trace(path)
+        if ct.rank() == 0:
+            with open(path) as f:
+                trace = json.load(f)
+            events = trace["traceEvents"]
+            rows = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+            assert len(rows) == (ct.world_size() if MPI_MODE else 1), rows
+            spans = [e for e in events if e["ph"] == "X"]
+            assert spans and all(e["dur"] >= 0 and e["cat"] in COLUMNS for e in spans)
+            assert {e["pid"] for e in spans} == {e["pid"] for e in events
+                                                  if e["name"] == "process_name"}
+
+
+def test_same_numbers_with_and_without_profile():
+    with world(2):
+        plain = _train(3)
+        with ct.debug.profile():
+            profiled = _train(3)
+        assert plain == profiled
+
+
+def test_max_events_bounds_the_trace_not_the_table():
+    with world(2):
+        with ct.debug.profile(max_events=5) as prof:
+            _train(1, prof)
+        assert len(prof.events) == 5 and prof.counted > 5
+        assert sum(prof.totals) == pytest.approx(prof.wall, rel=1e-6)
+
+
+def test_bad_input_and_nesting():
+    with pytest.raises(ValueError, match="max_events"):
+        ct.debug.profile(max_events=-1)
+    with pytest.raises(ValueError, match="phase"):
+        ct.debug.profile.phase("forward")
+    with ct.debug.profile():
+        with pytest.raises(RuntimeError, match="already open"):
+            with ct.debug.profile():
+                pass
+    assert not profile_module.on
+    with ct.debug.profile() as prof:
+        pass
+    with pytest.raises(ValueError, match="path"):
+        prof.export_chrome_trace("")
+    assert "closed" in repr(prof)
+
+
+def test_phase_without_profile_is_a_no_op():
+    with ct.debug.profile.phase("optimizer"):
+        x = ct.tensor(np.ones(3)) * 2
+    assert x.numpy().tolist() == [2.0, 2.0, 2.0]
