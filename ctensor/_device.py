@@ -14,8 +14,8 @@ from typing import Optional
 __all__ = ["import_cupy", "is_available", "device_count", "module", "current_device",
            "set_local_rank", "INSTALL"]
 
-INSTALL = ("pip install -e '.[gpu]' (CuPy and the NCCL runtime for CUDA 12 or 13), or a CuPy "
-           "build matching your CUDA version")
+INSTALL = ("pip install -e '.[gpu-cu13]' or '.[gpu-cu12]' (CuPy 14 and the NCCL runtime for "
+           "your CUDA major version; nvidia-smi shows it), or any CuPy build matching your CUDA")
 
 _cupy = None                   # set once CuPy works and this process's GPU is chosen
 _device: Optional[int] = None

@@ -1,7 +1,8 @@
 """``ct.cuda``: is a GPU usable, how many, and which one this process uses.
 
 ``cuda`` placements hold CuPy arrays. CuPy is an optional dependency (``pip install -e
-".[gpu]"`` adds CuPy and the NCCL runtime); :mod:`ctensor._device` imports it, lazily, so
+".[gpu-cu13]"`` or ``".[gpu-cu12]"`` adds CuPy 14 and the NCCL runtime of that CUDA major
+version; a machine with CuPy installs plain ctensor); :mod:`ctensor._device` imports it, lazily, so
 ``import ctensor`` never needs it. It imports the package ``cupy`` only, whatever
 distribution provides it (a machine may ship its own CuPy build for another CUDA version).
 

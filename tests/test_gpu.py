@@ -70,7 +70,7 @@ def test_cuda_placement_without_cupy_says_what_to_install(fresh_cuda):
             make()
         msg = str(info.value)
         assert "ct.placement('cuda'" in msg and "needs CuPy" in msg
-        assert "pip install -e '.[gpu]'" in msg
+        assert "pip install -e '.[gpu-cu13]'" in msg and "'.[gpu-cu12]'" in msg
 
 
 def test_cuda_placement_without_gpu_says_no_gpu_is_visible(fresh_cuda):
@@ -87,6 +87,72 @@ def test_comm_for_in_one_process_is_the_simulated_communicator():
         assert world.comm_for("cuda") is world.comm
         assert world.comm_for("cpu", "cuda") is world.comm
         assert ct.cuda.backend() == "simulated"
+
+
+# ============================================================================ install
+#: what the H200 machine this project may be lent has (.library/device/KINDS.md: CUDA 13,
+#: driver 580, cupy-cuda13x 14.2.0, nvidia-nccl-cu13, numpy 2.5.2, mpi4py, xxhash; no
+#: network), plus the mpich wheel a device call carries (README "GPU")
+H200_WHEELS = {"numpy": "2.5.2", "mpi4py": "4.1.2", "xxhash": "3.5.0",
+               "cupy-cuda13x": "14.2.0", "nvidia-nccl-cu13": "2.28.9", "mpich": "5.0.2"}
+
+
+def _standin_wheel(folder, name: str, version: str) -> None:
+    """An empty wheel of ``name`` ``version``: what pip's resolver reads of a package (the
+    real wheels are hundreds of MB and cannot be fetched here)."""
+    import base64
+    import hashlib
+    import zipfile
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: stand-in\nRoot-Is-Purelib: "
+                              "true\nTag: py3-none-any\n"}
+    with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
+        record = []
+        for path, text in files.items():
+            z.writestr(path, text)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest())
+            record.append(f"{path},sha256={digest.rstrip(b'=').decode()},{len(text)}")
+        z.writestr(f"{info}/RECORD", "\n".join(record + [f"{info}/RECORD,,"]) + "\n")
+
+
+def _dry_run(tmp_path, target: str):
+    """``pip install --no-index --dry-run`` of ctensor (its pyproject, empty packages) against
+    stand-ins of the H200's packages: ``(returncode, output)``."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    project, wheels = tmp_path / "project", tmp_path / "wheels"
+    wheels.mkdir(parents=True)
+    for name, version in H200_WHEELS.items():
+        _standin_wheel(wheels, name, version)
+    for pkg in ("ctensor", "ctensor/comm", "ctensor/ops", "nn", "optim"):
+        (project / pkg).mkdir(parents=True)
+        (project / pkg / "__init__.py").write_text("")
+    (project / "ctensor" / "devices.toml").write_text("")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, project / name)
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--dry-run",
+                           "--no-build-isolation", "--ignore-installed", "--find-links",
+                           str(wheels), target], cwd=project, capture_output=True, text=True,
+                          timeout=240)
+    return done.returncode, done.stdout + done.stderr
+
+
+@pytest.mark.skipif(MPI_MODE, reason="a pip check: once, in simulation")
+def test_cuda13_install_line_resolves_offline_on_the_h200_packages(tmp_path):
+    code, out = _dry_run(tmp_path, ".[gpu-cu13]")
+    assert code == 0, out
+    line = next(ln for ln in out.splitlines() if ln.startswith("Would install"))
+    assert "cupy-cuda13x-14.2.0" in line and "nvidia-nccl-cu13" in line
+    assert "cuda12" not in line and "cu12" not in line  # no second CuPy over the first
+    code, out = _dry_run(tmp_path / "plain", ".")  # a machine with CuPy: CuPy untouched
+    assert code == 0, out
+    assert "cupy" not in next(ln for ln in out.splitlines() if ln.startswith("Would install"))
+    code, out = _dry_run(tmp_path / "cu12", ".[gpu-cu12]")  # CUDA 12 is not that machine's
+    assert code != 0 and "cupy-cuda12x" in out
 
 
 # ============================================================================ planning
@@ -129,7 +195,7 @@ def test_reduction_plan_stages_what_nccl_lacks():
 def test_nccl_refusal_reasons():
     assert nccl_refusal([("n0", "0:1", True), ("n0", "0:2", True), ("n1", "0:1", True)]) is None
     assert "share one GPU" in nccl_refusal([("n0", "0:1", True), ("n0", "0:1", True)])
-    assert "nvidia-nccl-cu12" in nccl_refusal([("n0", "0:1", True), ("n0", "0:2", False)])
+    assert "nvidia-nccl-cu13" in nccl_refusal([("n0", "0:1", True), ("n0", "0:2", False)])
 
 
 # ============================================================================ fake NCCL
@@ -378,7 +444,7 @@ class _no_warning:
 # ============================================================================ on a GPU
 def _need_gpu():
     if not _gpu():
-        pytest.skip("needs CuPy and a CUDA GPU (pip install -e '.[gpu]')")
+        pytest.skip("needs CuPy and a CUDA GPU (pip install -e '.[gpu-cu13]')")
     if MPI_MODE:
         pytest.skip("cuda tests run in simulation; the MPI paths run in benchmarks/gpu_check.py")
 

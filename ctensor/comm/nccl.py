@@ -191,7 +191,8 @@ class NCCLCommunicator(HostWrapper):
             from cupy.cuda import nccl
             if not getattr(nccl, "available", False):
                 raise RuntimeError("NCCLCommunicator: cupy.cuda.nccl finds no NCCL library; "
-                                   "pip install nvidia-nccl-cu12 (or pip install -e '.[gpu]')")
+                                   "pip install nvidia-nccl-cu13 or -cu12 (or pip install -e "
+                                   "'.[gpu-cu13]' / '.[gpu-cu12]')")
             self._nccl = nccl
         return self._nccl
 

@@ -126,8 +126,8 @@ def nccl_refusal(everyone: Sequence[tuple]) -> Optional[str]:
     communicator on the same GPU."""
     missing = [r for r, (_, _, ok) in enumerate(everyone) if not ok]
     if missing:
-        return (f"NCCL is not loadable on ranks {missing} (pip install nvidia-nccl-cu12, or "
-                f"pip install -e '.[gpu]')")
+        return (f"NCCL is not loadable on ranks {missing} (pip install nvidia-nccl-cu13 or -cu12 "
+                f"for your CUDA, or pip install -e '.[gpu-cu13]' / '.[gpu-cu12]')")
     seen: dict = {}
     for r, (node, bus, _) in enumerate(everyone):
         seen.setdefault((node, bus), []).append(r)
