@@ -156,6 +156,36 @@ class Tensor:
         layout without data."""
         return type(self._shards) is MetaBuffer
 
+    @property
+    def layout(self):
+        """Shape, dtype, placement and SBP as one immutable value (interned: equal layouts
+        are the same object, so it keys a cache cheaply); what ``Tensor(layout, shards)``
+        is made from."""
+        return self._layout
+
+    def shares_shards(self, other) -> bool:
+        """Whether ``other`` holds this tensor's very shards (same layout, the same arrays:
+        a ``detach()`` or a ``set_`` of it), not merely equal values."""
+        if not isinstance(other, Tensor) or other._layout is not self._layout:
+            return False
+        a, b = self._shards, other._shards
+        if a is b:
+            return True
+        return type(a) is dict and type(b) is dict and bool(a) and a.keys() == b.keys() \
+            and all(a[r] is b[r] for r in a)
+
+    def free_(self) -> "Tensor":
+        """Drop this process's shards (their memory goes once nothing else holds them),
+        keeping the layout, the autograd node and the flags: what ``nn.fully_shard`` does
+        with a gathered parameter after its module's forward. Reading the values or using
+        the tensor in an op afterwards is an error, until :meth:`set_` gives it shards
+        again. Not differentiable.
+
+        >>> full = shard.to_global(mesh, ct.sbp.broadcast); y = layer(full); full.free_()
+        """
+        self._shards = {}
+        return self
+
     def _values(self, fn: str) -> None:
         if type(self._shards) is MetaBuffer:
             raise no_values(fn)

@@ -129,7 +129,6 @@ class _Unit:
     (fully sharded) each parameter for the forward, free the gathered copies after it."""
 
     def __init__(self, module: Module):
-        self.module = module
         self.spec: Optional[FSDPSpec] = None
         self.dtype: Optional[np.dtype] = None
         self.full_sbp: dict = {}  # parameter name -> its gathered SBP (sharded ones only)
@@ -137,7 +136,7 @@ class _Unit:
         self.casts: dict = {}  # parameter name -> (half copy, parameter), not gathered ones
         self.hooks = None  # the saved_tensors_hooks context of the running forward
         module.register_forward_pre_hook(self.before)
-        module.register_forward_hook(self.after)
+        module.register_forward_hook(self.after, always_call=True)
 
     def _zero3(self) -> bool:
         return (self.spec is not None and self.spec.reshard_after_forward and
@@ -145,7 +144,7 @@ class _Unit:
 
     def before(self, module, args):
         overrides, self.gathered, self.casts = {}, {}, {}
-        for name, p in module._parameters.items():
+        for name, p in module.named_parameters(recurse=False, remove_duplicate=False):
             t = p
             if self.dtype is not None and p.dtype.kind == "f" and p.dtype != self.dtype:
                 t = p.to(self.dtype)  # differentiable: the gradient comes back in p.dtype
@@ -156,7 +155,7 @@ class _Unit:
             elif t is not p:
                 self.casts[name] = (t, p)
             overrides[name] = t
-        object.__setattr__(module, "_param_overrides", overrides)
+        module.set_parameter_overrides(overrides)
         if (self.gathered and self._zero3()) or (self.casts and ct.is_grad_enabled()):
             self.hooks = ct.autograd.saved_tensors_hooks(*self._saved_hooks())
             self.hooks.__enter__()
@@ -172,20 +171,20 @@ class _Unit:
         if self.hooks is not None:
             self.hooks.__exit__(None, None, None)
             self.hooks = None
-        object.__setattr__(module, "_param_overrides", {})
+        module.set_parameter_overrides(None)
         gathered, self.gathered, self.casts = self.gathered, {}, {}
         if self._zero3():
             for t, _ in gathered.values():
-                t._shards = {}  # free the gathered copy; its graph node stays usable
+                t.free_()  # the gathered copy goes; its graph node stays usable
         return None
 
     def _saved_hooks(self):
         """``(pack, unpack)``: a saved gathered parameter becomes a :class:`_Regather`;
         anything else goes to the hooks around this forward, if any."""
         outer = ct.autograd.saved_hooks()
-        # ids of the gathered shards, not the arrays: the hooks outlive the forward (each
-        # op's backward keeps them), and must not keep what they are meant to free
-        gathered = [(weakref.ref(t), t._layout, _shard_ids(t), source, self.full_sbp[name])
+        # weak references: the hooks outlive the forward (each op's backward keeps them),
+        # and must not keep what they are meant to free
+        gathered = [(weakref.ref(t), source, self.full_sbp[name])
                     for name, (t, source) in self.gathered.items()] if self._zero3() else []
         # a half copy is recognised by identity (weakly: the hooks must not keep it alive)
         casts = {id(t): (weakref.ref(t), p) for t, p in self.casts.values()}
@@ -195,8 +194,9 @@ class _Unit:
             hit = casts.get(id(t))
             if hit is not None and hit[0]() is t:
                 return _Recast(hit[1], dtype)
-            for ref, layout, ids, source, full in gathered:
-                if t is ref() or (t._layout == layout and _shard_ids(t) == ids):
+            for ref, source, full in gathered:
+                g = ref()  # (alive while the forward runs: self.gathered holds it)
+                if g is not None and (t is g or t.shares_shards(g)):
                     return _Regather(source, full)
             return outer[0](t) if outer is not None else t
 
@@ -208,29 +208,20 @@ class _Unit:
         return pack, unpack
 
 
-def _shard_ids(t) -> object:
-    """What tells ``t``'s memory apart: the ids of its shard arrays (``{rank: id}``), or of
-    its one buffer in a shape-only world; None once freed."""
-    shards = t._shards
-    if not shards:
-        return None
-    if type(shards) is dict:
-        return {r: id(a) for r, a in shards.items()}
-    return id(shards)
+#: module -> its :class:`_Unit` (weakly: a module that goes takes its unit with it)
+_units: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _unit(module: Module) -> _Unit:
-    unit = module.__dict__.get("_materialize")
+    unit = _units.get(module)
     if unit is None:
-        unit = _Unit(module)
-        object.__setattr__(module, "_materialize", unit)
+        unit = _units[module] = _Unit(module)
     return unit
 
 
 def _owners(module: Module) -> list:
     """Every module of the tree that owns parameters directly."""
-    return [m for _, m in module.named_modules()
-            if any(p is not None for p in m._parameters.values())]
+    return [m for _, m in module.named_modules() if any(True for _ in m.parameters(False))]
 
 
 def _check_module(fn: str, module) -> None:
@@ -288,7 +279,7 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
     spec = FSDPSpec(placement, dp_axis, bool(reshard_after_forward))
     owners = _owners(module)
     for name, m in module.named_modules():
-        unit = m.__dict__.get("_materialize")
+        unit = _units.get(m)
         if unit is not None and unit.spec is not None and unit.spec != spec:
             raise ValueError(f"{fn}: module {name or type(m).__name__!r} is already fully "
                              f"sharded as {unit.spec!r}, not as {spec!r}; shard a module "
@@ -316,8 +307,8 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
     for m in owners:
         unit = _unit(m)
         unit.spec = spec
-        for pname, p in m._parameters.items():
-            if p is not None and isinstance(p.sbp[dp_axis], ct.sbp.Split):
+        for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
+            if isinstance(p.sbp[dp_axis], ct.sbp.Split):
                 full = list(p.sbp)
                 full[dp_axis] = B
                 unit.full_sbp[pname] = tuple(full)

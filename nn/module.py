@@ -1,10 +1,9 @@
 """``Module`` and ``Parameter``: the containers every layer is built from.
 
-A module is created without any placement (its parameters live on every rank, broadcast)
-and laid out afterwards with :meth:`Module.to_global` or a helper of
-:mod:`ctensor.nn.parallel`. ``to_global`` reshards each :class:`Parameter` *in place*: the
-Parameter object keeps its identity, so an optimizer built before (or after) keeps working.
-Nothing here communicates by itself; resharding is ordinary ``Tensor.to_global`` boxing.
+A module is made without a placement (its parameters broadcast on every rank) and laid
+out with :meth:`Module.to_global` or :mod:`ctensor.nn.parallel`, which reshard each
+:class:`Parameter` *in place* (same object: an optimizer built before keeps working) by
+ordinary ``Tensor.to_global`` boxing; nothing else here communicates.
 """
 from __future__ import annotations
 
@@ -40,9 +39,8 @@ class Parameter(ct.Tensor):
             raise ValueError(f"Parameter: requires_grad=True needs a floating dtype, got "
                              f"{data.dtype}")
         # a Parameter *is* a tensor: it adopts the layout and shards of ``data``
-        # (a shape-only tensor's shards are one buffer for every rank: adopted as it is)
-        shards = data._shards if data.is_meta else data.local_shards()
-        super().__init__(data._layout, shards, requires_grad=requires_grad)
+        super().__init__(data.layout, {}, requires_grad=requires_grad)
+        self.set_(data)
 
     def _adopt(self, src: ct.Tensor) -> None:
         """Take ``src``'s layout and (copied) shards, keeping this object's identity."""
@@ -137,6 +135,13 @@ def _add_hook(fn: str, hooks: dict, hook) -> "RemovableHandle":
     return RemovableHandle.add(hooks, hook)
 
 
+class _AlwaysCalled(tuple):
+    """``(hook,)``: a forward hook with ``always_call=True`` (also run when forward raises)."""
+
+    def __call__(self, module, args, output):
+        return self[0](module, args, output)
+
+
 class Module:
     """Base class of layers and models (PyTorch style).
 
@@ -160,7 +165,7 @@ class Module:
         object.__setattr__(self, "_forward_pre_hooks", OrderedDict())
         object.__setattr__(self, "_forward_hooks", OrderedDict())
         # name -> tensor that ``self.<name>`` returns instead of the registered parameter
-        # while a hook has put it there (a gathered or cast copy: nn.fsdp, nn.precision)
+        # (set_parameter_overrides: a gathered or cast copy, nn.fully_shard/mixed_precision)
         object.__setattr__(self, "_param_overrides", {})
 
     # ----------------------------------------------------------------- registration
@@ -240,11 +245,17 @@ class Module:
         pre, post = d.get("_forward_pre_hooks"), d.get("_forward_hooks")
         if not pre and not post:
             return self.forward(*args, **kwargs)
-        for hook in list(pre.values()):
-            result = hook(self, args)
-            if result is not None:
-                args = result if isinstance(result, tuple) else (result,)
-        out = self.forward(*args, **kwargs)
+        try:
+            for hook in list(pre.values()):
+                result = hook(self, args)
+                if result is not None:
+                    args = result if isinstance(result, tuple) else (result,)
+            out = self.forward(*args, **kwargs)
+        except BaseException:
+            for hook in list(post.values()):  # always_call hooks clean up (PyTorch's)
+                if type(hook) is _AlwaysCalled:
+                    hook(self, args, None)
+            raise
         for hook in list(post.values()):
             result = hook(self, args, out)
             if result is not None:
@@ -261,13 +272,36 @@ class Module:
         """
         return _add_hook("register_forward_pre_hook", self._forward_pre_hooks, hook)
 
-    def register_forward_hook(self, hook) -> RemovableHandle:
+    def register_forward_hook(self, hook, always_call: bool = False) -> RemovableHandle:
         """Call ``hook(module, args, output)`` after every ``forward``; a non-None result
-        replaces the output (PyTorch's API). Returns a removable handle.
+        replaces the output (PyTorch's API). ``always_call=True``: also (output None) when
+        the forward or a pre-hook raises, to undo what a pre-hook set up. Returns a handle.
 
         >>> handle = model.fc.register_forward_hook(lambda m, args, out: None)
         """
+        if not isinstance(always_call, bool):
+            raise TypeError(f"register_forward_hook: argument 'always_call' must be a bool, "
+                            f"got {always_call!r}")
+        if always_call and callable(hook):
+            hook = _AlwaysCalled((hook,))
         return _add_hook("register_forward_hook", self._forward_hooks, hook)
+
+    def set_parameter_overrides(self, overrides: Optional[dict] = None) -> None:
+        """Make ``self.<name>`` return ``overrides[name]`` (a tensor) instead of this
+        module's parameter ``name`` until the next call (``None``: the parameters again),
+        which optimizers and ``state_dict`` keep seeing: how a forward pre-hook gives the
+        forward a gathered (``nn.fully_shard``) or cast (``mixed_precision``) copy.
+
+        >>> m.set_parameter_overrides({"weight": m.weight.to(ct.float16)})
+        """
+        overrides = dict(overrides or {})
+        bad = [k for k, t in overrides.items() if k not in self._parameters or
+               not isinstance(t, ct.Tensor)]
+        if bad:
+            raise ValueError(f"set_parameter_overrides: {bad} are not parameters of "
+                             f"{type(self).__name__} ({list(self._parameters)}) overridden "
+                             f"by a ct.Tensor")
+        object.__setattr__(self, "_param_overrides", overrides)
 
     def children(self) -> Iterator["Module"]:
         """The direct sub-modules."""
@@ -293,8 +327,7 @@ class Module:
     def modules(self, remove_duplicate: bool = True) -> Iterator["Module"]:
         """This module and every descendant, each once (``remove_duplicate`` is accepted
         for PyTorch's signature; a shared module is listed once either way)."""
-        for _, m in self.named_modules():
-            yield m
+        yield from (m for _, m in self.named_modules())
 
     def apply(self, fn) -> "Module":
         """Call ``fn(module)`` on every child (recursively, children first) and then on

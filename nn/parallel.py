@@ -29,6 +29,8 @@ Nothing here communicates. Each helper returns a rule dict (parameter name -> SB
 """
 from __future__ import annotations
 
+import weakref
+
 import ctensor as ct
 
 from .fsdp import fully_shard  # noqa: F401  (nn.parallel.fully_shard: ZeRO-2/3 by SBP)
@@ -172,34 +174,52 @@ def _gathering_modules(module: Module) -> list:
         [mod.lm_head for _, mod in module.named_modules() if isinstance(mod, GPT)]
 
 
-def _wrap_forward(module: Module, fn: str, mesh_axis: int, entry=None,
+#: module -> (mesh axis, entry SBP, regather) of the sequence-parallel hooks it carries
+_sequence_hooks: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+class _SequenceHooks:
+    """The forward hooks that make a module take its first input laid out ``entry`` along
+    ``mesh_axis`` (a differentiable ``to_global``, free when it already is) and, with
+    ``regather``, run its forward inside ``ct.autograd.regather_saved()``."""
+
+    def __init__(self, mesh_axis: int, entry, regather: bool):
+        self.mesh_axis, self.entry, self.regather = mesh_axis, entry, regather
+        self.blocks: list = []  # the regather_saved blocks of the forwards running
+
+    def before(self, module, args):
+        x = args[0] if args else None
+        if self.entry is not None and isinstance(x, ct.Tensor) and \
+                x.placement.ndim > self.mesh_axis and x.ndim > 1:
+            sbp = list(x.sbp)
+            sbp[self.mesh_axis] = self.entry
+            args = (x.to_global(x.placement, tuple(sbp)),) + tuple(args[1:])
+        if self.regather:
+            block = ct.autograd.regather_saved()
+            block.__enter__()
+            self.blocks.append(block)
+        return args
+
+    def after(self, module, args, output):  # (always called: a failed forward too)
+        if self.regather and self.blocks:
+            self.blocks.pop().__exit__(None, None, None)
+
+
+def _hook_forward(module: Module, fn: str, mesh_axis: int, entry=None,
                   regather: bool = False) -> None:
-    """Make ``module`` take its first input laid out ``entry`` along ``mesh_axis`` (a
-    ``to_global`` before its forward; differentiable, and free when it already is) and,
-    with ``regather``, run its forward inside ``ct.autograd.regather_saved()``."""
-    wrapping = (mesh_axis, entry, regather)
-    current = getattr(module.forward, "_ctensor_sequence_parallel", None)
+    """Give ``module`` the :class:`_SequenceHooks` ``(mesh_axis, entry, regather)``, once."""
+    wanted = (mesh_axis, entry, regather)
+    current = _sequence_hooks.get(module)
     if current is not None:
-        if current != wrapping:
+        if current != wanted:
             raise ValueError(f"{fn}: {type(module).__name__} is already laid out (input "
-                             f"axis, SBP, regather {current}, now asked for {wrapping}); lay "
+                             f"axis, SBP, regather {current}, now asked for {wanted}); lay "
                              f"the model out once")
         return
-    forward = module.forward
-
-    def wrapped(x, *args, **kwargs):
-        if entry is not None and isinstance(x, ct.Tensor) and x.placement.ndim > mesh_axis \
-                and x.ndim > 1:
-            sbp = list(x.sbp)
-            sbp[mesh_axis] = entry
-            x = x.to_global(x.placement, tuple(sbp))
-        if not regather:
-            return forward(x, *args, **kwargs)
-        with ct.autograd.regather_saved():
-            return forward(x, *args, **kwargs)
-
-    wrapped._ctensor_sequence_parallel = wrapping
-    object.__setattr__(module, "forward", wrapped)
+    hooks = _SequenceHooks(mesh_axis, entry, regather)
+    module.register_forward_pre_hook(hooks.before)
+    module.register_forward_hook(hooks.after, always_call=True)
+    _sequence_hooks[module] = wanted
 
 
 def sequence_parallel(module: Module, tp_axis: int = 0, regather: bool = True) -> Module:
@@ -230,11 +250,14 @@ def sequence_parallel(module: Module, tp_axis: int = 0, regather: bool = True) -
                          "from nn.Block (such as nn.GPT)")
     gathering = {id(m): m for m in _gathering_modules(module)} if regather else {}
     for mod in targets:
-        _wrap_forward(mod, "sequence_parallel", tp_axis, S(1), gathering.pop(id(mod), None)
+        _hook_forward(mod, "sequence_parallel", tp_axis, S(1), gathering.pop(id(mod), None)
                       is not None)
     for mod in gathering.values():  # (the LM head: its input is laid out by the LayerNorm)
-        _wrap_forward(mod, "sequence_parallel", tp_axis, None, True)
+        _hook_forward(mod, "sequence_parallel", tp_axis, None, True)
     return module
+
+
+_sequence_parallel = sequence_parallel  # (the name that tensor_parallel's flag shadows)
 
 
 def tensor_parallel(module: Module, placement, sequence_parallel: bool = False) -> Module:
@@ -254,7 +277,7 @@ def tensor_parallel(module: Module, placement, sequence_parallel: bool = False) 
     _check_covered("tensor_parallel", module, rules)
     module.to_global(placement, rules)
     if sequence_parallel:
-        globals()["sequence_parallel"](module, 0)
+        _sequence_parallel(module, 0)
     return module
 
 
@@ -291,7 +314,7 @@ def hybrid_parallel(module: Module, placement, tp_axis: int = 1,
     _check_covered("hybrid_parallel", module, tensor_parallel_rules(module))
     module.to_global(placement, hybrid_parallel_rules(module, placement.ndim, tp_axis))
     if sequence_parallel:
-        globals()["sequence_parallel"](module, tp_axis)
+        _sequence_parallel(module, tp_axis)
     return module
 
 

@@ -343,7 +343,7 @@ class _Walk:
                 raise RuntimeError(f"pipeline_step: micro-batch {m} drew more than 2**32 "
                                    f"random numbers")
         else:
-            key = (j, x._layout, self.targets[m]._layout if j == self.J - 1 else None)
+            key = (j, x.layout, self.targets[m].layout if j == self.J - 1 else None)
             if key not in self.learned:
                 out = self._run(j, m, x)
                 self.learned[key] = _like(out.detach())
