@@ -4,19 +4,22 @@ A plan reads what a shape-only run (``ct.simulate(n, meta=True)``, see :mod:`cte
 recorded — the kernels and communication steps of :func:`record`'s traces and the bytes of
 ``ct.debug.track_memory`` — and prices them on a :class:`Device`:
 
+Every price comes from the one cost model, :mod:`ctensor.cost` (the one the signature
+choice uses), on a :class:`~ctensor.cost.Device` of ``ctensor/devices.toml``:
+
 * **compute**: each kernel's time on its largest shard is ``max(flops / peak, bytes /
-  memory_bandwidth) / EFFICIENCY`` (``peak``: the device's half-precision peak for float16
-  kernels, its float32 peak otherwise). :data:`EFFICIENCY` is one constant for every op,
-  model and device. By default (``fused=True``) kernels that declare no FLOPs
-  (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their neighbours,
-  as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing — except the
-  softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth; ``fused=False``
-  charges every memory-bound kernel;
-* **communication**: an alpha-beta model per collective: ``latency + sent / bandwidth``
-  (ring algorithms: an all-reduce sends ``2 (k-1)/k`` of its buffer, the others ``(k-1)/k``,
-  a transfer its bytes), with the device's NVLink bandwidth when the whole group sits on
-  one node (``gpus_per_node`` consecutive ranks) and otherwise its per-GPU network
-  bandwidth times the group's ranks per node (NCCL runs one ring per NIC), at most NVLink's;
+  memory_bandwidth) / efficiency`` (:func:`ctensor.cost.compute`; ``peak``: the device's
+  half-precision peak for float16 kernels, its float32 peak otherwise; ``efficiency``: the
+  device's, :data:`EFFICIENCY` for every data-sheet GPU, 1 for a table measured by
+  ``python -m ctensor.calibrate``), plus the device's ``op_overhead`` per dispatched op,
+  views included (0 on the GPU tables). By default (``fused=True``) kernels that declare no
+  FLOPs (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their
+  neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing —
+  except the softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth;
+  ``fused=False`` (a CPU step) charges every memory-bound kernel;
+* **communication**: :func:`ctensor.cost.collective` per collective (alpha-beta per ring
+  step), inside a node when the whole group sits on one (``gpus_per_node`` consecutive
+  ranks), else over the network with the per-GPU bandwidth times the group's ranks per node;
 * **pipeline**: one micro-batch is traced; the schedule (the event order of
   ``nn.pipeline.schedule``) is replayed with each stage's forward and backward times, so
   the bubble is what the schedule leaves idle; the gradient reduction (``grad_sync``) and
@@ -33,88 +36,25 @@ recorded — the kernels and communication steps of :func:`record`'s traces and 
 """
 from __future__ import annotations
 
-import os
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
+from . import cost
+from .cost import EFFICIENCY, Device, device, devices, load_devices
 from .placement import Placement
 from .worktrace import CommWork, Trace
 
 __all__ = ["EFFICIENCY", "OWN_KERNELS", "Device", "devices", "device", "load_devices", "record",
-           "op_seconds", "comm_seconds", "is_intra_node", "replay", "StepReport",
-           "step_report"]
-
-#: the fraction of a device's peak (FLOP/s and memory bandwidth) a kernel achieves, the
-#: same for every op, model and device; fixed once (2026-12) as a round figure between the
-#: ~0.45 of large GEMMs' peak a training step of Megatron-LM sustains end to end and the
-#: ~0.8 cuBLAS reaches on one large GEMM, and not tuned per configuration
-EFFICIENCY = 0.6
+           "op_seconds", "comm_seconds", "stage_seconds", "is_intra_node", "replay",
+           "StepReport", "step_report"]
 
 #: memory-bound kernels that run on their own even when the rest fuse: a softmax reduces
 #: along rows of a matmul's output (attention's ``s x s`` scores, the loss's logits), so it
 #: cannot fuse into that matmul; Megatron-LM runs it as one fused scale-mask-softmax kernel
 #: (and one for its gradient), reading and writing the scores once each
 OWN_KERNELS = ("softmax",)
-
-_DEVICE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devices.toml")
-
-
-@dataclass(frozen=True)
-class Device:
-    """One accelerator as the plan prices it (fields as in ``ctensor/devices.toml``)."""
-
-    name: str
-    peak_flops: float
-    peak_flops_fp32: float
-    memory_bytes: int
-    memory_bandwidth: float
-    intra_bandwidth: float
-    inter_bandwidth: float
-    intra_latency: float
-    inter_latency: float
-
-
-_devices: dict = {}
-
-
-def load_devices(path: str = _DEVICE_FILE) -> dict:
-    """Read device descriptions from a TOML file (one table per device, keys as in
-    :class:`Device`) and add them to :func:`devices`; returns them by name.
-
-    >>> ct.plan.load_devices("my_cluster.toml")["my-gpu"].peak_flops
-    """
-    with open(path, "rb") as f:
-        tables = tomllib.load(f)
-    names = [f.name for f in fields(Device) if f.name != "name"]
-    out = {}
-    for name, table in tables.items():
-        missing = [k for k in names if k not in table]
-        unknown = [k for k in table if k not in names]
-        if missing or unknown:
-            raise ValueError(f"load_devices: device {name!r} in {path}: missing keys "
-                             f"{missing}, unknown keys {unknown}; expected exactly {names}")
-        out[name] = Device(name, **{k: float(table[k]) for k in names})
-    _devices.update(out)
-    return out
-
-
-def devices() -> dict:
-    """The known devices by name (``ctensor/devices.toml`` plus any loaded later)."""
-    if not _devices:
-        load_devices()
-    return dict(_devices)
-
-
-def device(name: str) -> Device:
-    """The :class:`Device` named ``name`` (``"a100-80gb"``, ``"h100"``, ``"h200"``, ...)."""
-    known = devices()
-    if name not in known:
-        raise ValueError(f"plan.device: unknown device {name!r}; known: {sorted(known)} "
-                         f"(add one to ctensor/devices.toml or load_devices(path))")
-    return known[name]
 
 
 def record() -> Trace:
@@ -124,24 +64,24 @@ def record() -> Trace:
 
 
 # ----------------------------------------------------------------------------- pricing
-def op_seconds(trace: Trace, dev: Device, efficiency: float = EFFICIENCY,
+def op_seconds(trace: Trace, dev: Device, efficiency: Optional[float] = None,
                fused: bool = True) -> dict:
-    """``{placement: seconds}`` of the kernels in ``trace`` (each on its largest shard);
+    """``{placement: seconds}`` of the ops in ``trace``: each kernel on its largest shard
+    (:func:`ctensor.cost.compute`) plus the device's ``op_overhead`` per dispatched op, views
+    included (:func:`ctensor.cost.dispatch`). ``efficiency``: instead of the device's.
     ``fused``: kernels without declared FLOPs (memory-bound) cost nothing, except the
-    softmax family (see :data:`OWN_KERNELS`)."""
+    softmax family (see :data:`OWN_KERNELS`) — as fused GPU kernels run them; a CPU step
+    runs every kernel (``fused=False``)."""
+    if efficiency is not None:
+        dev = replace(dev, efficiency=efficiency)
     out: dict = {}
     for w in trace.ops.values():
-        if fused and not w.flops and not w.op.startswith(OWN_KERNELS):
-            continue
-        peak = dev.peak_flops if w.dtype.itemsize <= 2 else dev.peak_flops_fp32
-        seconds = max(w.flops / peak, w.nbytes / dev.memory_bandwidth) / efficiency
-        out[w.placement] = out.get(w.placement, 0.0) + seconds
+        seconds = cost.dispatch(dev, w.count)
+        if not w.view and not (fused and not w.flops and not w.op.startswith(OWN_KERNELS)):
+            seconds += cost.compute(dev, w.nbytes, w.flops, w.dtype.itemsize)
+        if seconds:
+            out[w.placement] = out.get(w.placement, 0.0) + seconds
     return out
-
-
-_SENT = {"all_reduce": lambda k: 2.0 * (k - 1) / k, "all_gather": lambda k: (k - 1) / k,
-         "reduce_scatter": lambda k: (k - 1) / k, "all_to_all": lambda k: (k - 1) / k,
-         "send_recv": lambda k: 1.0}
 
 
 def is_intra_node(comm: CommWork, gpus_per_node: int) -> bool:
@@ -161,21 +101,14 @@ def _ranks_per_node(comm: CommWork, gpus_per_node: int) -> int:
 
 
 def comm_seconds(comm: CommWork, dev: Device, gpus_per_node: int) -> float:
-    """Seconds of one run of ``comm`` (alpha-beta, see the module docstring)."""
-    k = comm.group_size
-    if k <= 1:
+    """Seconds of one run of ``comm`` (:func:`ctensor.cost.collective`): inside a node when
+    every group is (:func:`is_intra_node`), else across nodes with the group's ranks per
+    node."""
+    if comm.group_size <= 1:
         return 0.0
     intra = is_intra_node(comm, gpus_per_node)
-    if intra:
-        bandwidth, latency = dev.intra_bandwidth, dev.intra_latency
-    else:  # the group's m ranks on a node cross the network over m NICs (NCCL's rings)
-        bandwidth = min(dev.intra_bandwidth,
-                        dev.inter_bandwidth * _ranks_per_node(comm, gpus_per_node))
-        latency = dev.inter_latency
-    steps = 1 if comm.collective == "send_recv" else (k - 1) * \
-        (2 if comm.collective == "all_reduce" else 1)
-    return steps * latency + _SENT.get(comm.collective, _SENT["all_to_all"])(k) * \
-        comm.nbytes / bandwidth
+    return cost.collective(comm.collective, comm.group_size, comm.nbytes, dev, intra=intra,
+                           ranks_per_node=1 if intra else _ranks_per_node(comm, gpus_per_node))
 
 
 def replay(order: Sequence, forward: Sequence[float], backward: Sequence[float],
@@ -359,18 +292,61 @@ def _per_device(seconds: dict, comms: list, device_of, n: int, dev, gpn, skip=()
     return out
 
 
-def _stage_seconds(traces: Sequence[Trace], dev, gpn, efficiency, fused, skip=()) -> list:
-    """Seconds of one micro-batch per stage (one trace per stage)."""
+def stage_seconds(traces: Sequence[Trace], dev: Device, gpus_per_node: int,
+                  efficiency: Optional[float] = None, fused: bool = True, skip=()) -> list:
+    """Seconds of one micro-batch per stage (one trace per stage): its ops
+    (:func:`op_seconds`) and its communication (:func:`comm_seconds`, less the ops named in
+    ``skip``), one after the other."""
     return [sum(op_seconds(t, dev, efficiency, fused).values()) +
-            sum(comm_seconds(c, dev, gpn) * c.count for c in t.comms.values()
+            sum(comm_seconds(c, dev, gpus_per_node) * c.count for c in t.comms.values()
                 if c.op not in skip) for t in traces]
+
+
+def _memory_classes(memory: dict, saved: list, in_flight: list, device_of, per_rank) -> list:
+    """Memory per rank (what each device keeps at its fullest), as classes of identical
+    ranks (see :class:`StepReport`)."""
+    memory = {k: per_rank(v) for k, v in memory.items() if k != "saved"}
+    kept = sum(saved)  # one micro-batch
+    held = sum(v * in_flight[j] for j, v in enumerate(saved))
+    act = np.maximum(held - kept, 0) + memory["transient"]
+    static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
+    rows = np.stack([device_of, memory["parameters"], memory["gradients"],
+                     memory["optimizer"], act, memory["boxing"], static + act], axis=1)
+    unique, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
+    return [dict(ranks=int(c), first=int(i), stage=int(u[0]), parameters=int(u[1]),
+                 gradients=int(u[2]), optimizer=int(u[3]), activations=int(u[4]),
+                 boxing=int(u[5]), total=int(u[6]))
+            for u, i, c in sorted(zip(unique, first, counts), key=lambda z: z[1])]
+
+
+def _collective_rows(fwd_comms, bwd_comms, update_comms, micro_batches, dev, gpn) -> list:
+    """One row per distinct communication step of the step: identical steps on different
+    stages (other placements, the same groups' shape and bytes) are one row, their groups
+    added up, each group running them ``runs`` times a step."""
+    merged: dict = {}
+    for phase, comms, per in (("forward", fwd_comms, micro_batches),
+                              ("backward", bwd_comms, micro_batches),
+                              ("update", update_comms, 1)):
+        for c in comms:
+            runs = c.count * (1 if c.op == "grad_sync" else per)
+            intra = is_intra_node(c, gpn)
+            key = (f"{c.op} ({phase})", c.collective, c.group_size, c.nbytes, intra)
+            row = merged.get(key)
+            if row is None:
+                row = merged[key] = dict(op=key[0], collective=c.collective,
+                                         group_size=c.group_size, groups=0, nbytes=c.nbytes,
+                                         runs=0, intra=intra, seconds=0.0)
+            row["groups"] += len(c.groups())
+            row["runs"] = max(row["runs"], runs)
+            row["seconds"] = max(row["seconds"], comm_seconds(c, dev, gpn) * runs)
+    return list(merged.values())
 
 
 def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
                 backward: Sequence[Trace], update: Trace, memory: dict, order: Sequence,
                 micro_batches: int, schedule: str, dev: Device, gpus_per_node: int,
                 world_size: int, model_flops: Optional[float] = None,
-                efficiency: float = EFFICIENCY, fused: bool = True) -> StepReport:
+                efficiency: Optional[float] = None, fused: bool = True) -> StepReport:
     """Price one step from the traces of one micro-batch's ``forward`` and ``backward``
     (its ``grad_sync`` reductions run once per step) and of the optimizer ``update``.
     ``stages``: the placement of each (virtual) stage — with an interleaved schedule,
@@ -389,8 +365,8 @@ def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
                          f"{len(backward)} and {len(memory['saved'])}")
     fwd_comms = [c for t in forward for c in t.comms.values()]
     bwd_comms = [c for t in backward for c in t.comms.values()]
-    t_f = _stage_seconds(forward, dev, gpus_per_node, efficiency, fused)
-    t_b = _stage_seconds(backward, dev, gpus_per_node, efficiency, fused, skip=("grad_sync",))
+    t_f = stage_seconds(forward, dev, gpus_per_node, efficiency, fused)
+    t_b = stage_seconds(backward, dev, gpus_per_node, efficiency, fused, skip=("grad_sync",))
 
     def per_rank(v):
         v = np.asarray(v, np.int64)[:world_size]
@@ -413,40 +389,9 @@ def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
     busy = micro_batches * max(sum(t_f[d::p]) + sum(t_b[d::p]) for d in range(p))
     bubble = max(0.0, 1.0 - busy / pipeline) if pipeline else 0.0
 
-    # memory per rank (what each device keeps at its fullest), then classes of identical
-    # ranks
-    memory = {k: per_rank(v) for k, v in memory.items() if k != "saved"}
-    kept = sum(saved)  # one micro-batch
-    held = sum(v * in_flight[j] for j, v in enumerate(saved))
-    act = np.maximum(held - kept, 0) + memory["transient"]
-    static = memory["parameters"] + memory["gradients"] + memory["optimizer"]
-    rows = np.stack([device_of, memory["parameters"], memory["gradients"],
-                     memory["optimizer"], act, memory["boxing"], static + act], axis=1)
-    unique, first, counts = np.unique(rows, axis=0, return_index=True, return_counts=True)
-    classes = [dict(ranks=int(c), first=int(i), stage=int(u[0]), parameters=int(u[1]),
-                    gradients=int(u[2]), optimizer=int(u[3]), activations=int(u[4]),
-                    boxing=int(u[5]), total=int(u[6]))
-               for u, i, c in sorted(zip(unique, first, counts), key=lambda z: z[1])]
-
-    # identical steps on different stages (other placements, the same groups' shape and
-    # bytes) are one row: their groups add up, each group runs them ``runs`` times a step
-    merged: dict = {}
-    for phase, comms, per in (("forward", fwd_comms, micro_batches),
-                              ("backward", bwd_comms, micro_batches),
-                              ("update", list(update.comms.values()), 1)):
-        for c in comms:
-            runs = c.count * (1 if c.op == "grad_sync" else per)
-            intra = is_intra_node(c, gpus_per_node)
-            key = (f"{c.op} ({phase})", c.collective, c.group_size, c.nbytes, intra)
-            row = merged.get(key)
-            if row is None:
-                row = merged[key] = dict(op=key[0], collective=c.collective,
-                                         group_size=c.group_size, groups=0, nbytes=c.nbytes,
-                                         runs=0, intra=intra, seconds=0.0)
-            row["groups"] += len(c.groups())
-            row["runs"] = max(row["runs"], runs)
-            row["seconds"] = max(row["seconds"], comm_seconds(c, dev, gpus_per_node) * runs)
-    collectives = list(merged.values())
+    classes = _memory_classes(memory, saved, in_flight, device_of, per_rank)
+    collectives = _collective_rows(fwd_comms, bwd_comms, list(update.comms.values()),
+                                   micro_batches, dev, gpus_per_node)
     return StepReport(dev, world_size, gpus_per_node, micro_batches, schedule, t_f, t_b,
                       in_flight, pipeline, sync[slowest], upd[slowest], step, bubble,
                       classes, collectives, model_flops, p, events,

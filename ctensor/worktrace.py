@@ -1,12 +1,12 @@
 """What a run computes and moves, summed per placement: the input of a plan (``ct.plan``).
 
-While a :class:`Trace` is open (``with ct.plan.record() as trace:``), dispatch reports every
-kernel it runs (:func:`op`: the op, its placement, the FLOPs and bytes of its largest
-shard) and boxing every step it takes (:func:`comm`: the collective, the placement and mesh
-axes of its groups, the bytes per rank). Identical events are counted, not stored one by
-one, so a trace of thousands of ranks and layers stays small; nothing here loops over
-ranks. It works alike in a real simulation, under mpiexec and in a shape-only world (where
-it is what a plan reads), and changes no choice dispatch makes.
+While a :class:`Trace` is open (``with ct.plan.record() as trace:``), the shape-only
+executor reports every op it runs (:func:`op` from ``shapeonly.run``: the op, its placement,
+the FLOPs and bytes of its largest shard; views counted without work) and boxing every step
+it takes (:func:`comm`, in every mode: the collective, the placement and mesh axes of its
+groups, the bytes per rank). Identical events are counted, not stored one by one, so a
+trace of thousands of ranks and layers stays small; nothing here loops over ranks. It
+changes no choice dispatch makes; :mod:`ctensor.plan` prices it with :mod:`ctensor.cost`.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from typing import Optional
 
 import numpy as np
 
+from . import cost
 from .layout import Layout
 from .placement import Placement
 from .sbp import Partial
@@ -28,7 +29,8 @@ active: list = []
 @dataclass
 class OpWork:
     """Kernels of one op on one placement: how many ran, and the FLOPs and bytes (inputs
-    read plus outputs written) of the largest shard, summed over those runs."""
+    read plus outputs written) of the largest shard, summed over those runs. A view op
+    (``view``) runs no kernel: it is counted for its dispatch only (no FLOPs, no bytes)."""
 
     op: str
     placement: Placement
@@ -36,6 +38,7 @@ class OpWork:
     count: int = 0
     flops: float = 0.0
     nbytes: float = 0.0
+    view: bool = False
 
 
 @dataclass
@@ -112,30 +115,23 @@ _work_cache: dict = {}
 
 
 def _work(opdef, targets: tuple, outs: tuple, attrs: dict, key) -> tuple:
-    """``(flops, bytes)`` of one kernel on the largest shard (the first rank of the mesh
-    holds the largest part under the uneven rule): the op's declared FLOPs (``defop(...,
-    flops=)``, matmul ``2 m n k``), else none; bytes read and written."""
+    """``(flops, bytes)`` of one kernel on the largest shard
+    (:func:`ctensor.cost.kernel_work`), cached per ``key``; a view's: none."""
     hit = _work_cache.get(key)
     if hit is not None:
         return hit
-    first = outs[0].placement.rank_list[0]
-    nbytes = float(sum(l.local_nbytes(first) for l in targets if l is not None) +
-                   sum(l.local_nbytes(first) for l in outs))
-    flops = 0.0
-    if opdef.flops is not None:
-        flops = float(opdef.flops([l.local_shape(first) for l in targets],
-                                  [l.local_shape(first) for l in outs], **attrs))
+    hit = (0.0, 0.0) if opdef.view else cost.kernel_work(opdef, targets, outs, attrs)
     if len(_work_cache) > 65536:
         _work_cache.clear()
-    hit = _work_cache[key] = (flops, nbytes)
+    _work_cache[key] = hit
     return hit
 
 
 def op(opdef, targets: tuple, outs: tuple, attrs: dict, key) -> None:
-    """Called by dispatch for every kernel it runs while a trace is open (views, which
-    only re-view their input, are not work). ``key`` identifies the (op, layouts,
-    attributes) so the work is computed once."""
-    if opdef.view or not outs:
+    """Called by dispatch for every op it runs while a trace is open (a view op, which only
+    re-views its input, is counted without work: a plan charges its dispatch). ``key``
+    identifies the (op, layouts, attributes) so the work is computed once."""
+    if not outs:
         return
     flops, nbytes = _work(opdef, targets, outs, attrs, key)
     placement, dtype = outs[0].placement, outs[0].dtype
@@ -143,7 +139,7 @@ def op(opdef, targets: tuple, outs: tuple, attrs: dict, key) -> None:
         k = (opdef.name, placement, dtype)
         w = trace.ops.get(k)
         if w is None:
-            w = trace.ops[k] = OpWork(opdef.name, placement, dtype)
+            w = trace.ops[k] = OpWork(opdef.name, placement, dtype, view=bool(opdef.view))
         w.count += 1
         w.flops += flops
         w.nbytes += nbytes

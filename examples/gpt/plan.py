@@ -59,6 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device-file", help="a TOML file of device descriptions "
                                          "(see ctensor/devices.toml)")
     p.add_argument("--gpus-per-node", type=_at_least(1), default=8)
+    p.add_argument("--clip", type=float, default=1.0,
+                   help="max grad norm, clipped before the optimizer step as train.py does "
+                        "(0: off)")
     p.add_argument("--unfused", action="store_true",
                    help="charge memory-bound kernels (elementwise, softmax, LayerNorm) at "
                         "memory bandwidth instead of taking them as fused into the matmuls")
@@ -106,19 +109,34 @@ def model_flops(a) -> float:
     return 72.0 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
 
 
+def placement_kind(a) -> str:
+    """The placements' device kind: ``cpu`` for a CPU table (``--device cpu``: the plan of
+    ``train.py`` on this machine), else ``cuda``. The signature choice prices that kind with
+    ``--device``'s table (``ct.cost.set_machine``, in :func:`plan`), the one the step is
+    priced on: the plan chooses by the cost it predicts."""
+    return "cpu" if a.device == "cpu" else "cuda"
+
+
 def build(a) -> list:
-    """The stages laid out as ``train.py`` lays them out (see the module docstring), on
-    ``cuda`` placements, each stage's input sequence-split over the tensor axis."""
+    """The stages laid out as ``train.py`` lays them out (see the module docstring); on GPUs
+    each stage's input sequence-split over the tensor axis (Megatron-LM's scattered
+    transfers), on a CPU as ``train.py`` sends it."""
     ct.manual_seed(0)
     gpt = nn.GPT(a.vocab, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
                  tie_weights=False, dtype=np.float32)
-    stages = stage_modules(gpt, a, "cuda", scatter_transfers=True)
+    kind = placement_kind(a)
+    stages = stage_modules(gpt, a, kind, scatter_transfers=kind == "cuda")
     half = PRECISIONS[a.precision] and "float16"  # (bf16: float16's sizes)
     apply_memory_options(gpt, stages, a.recompute, a.fsdp, half)
     return stages
 
 
-def _one_micro_batch(stages, x, y) -> tuple:
+def gpt_loss(out, y):
+    """The GPT's loss of logits ``out`` against ids ``y`` (as ``train.py``)."""
+    return F.cross_entropy(out.flatten(0, -2), y.flatten())
+
+
+def one_micro_batch(stages, x, y, loss_fn=gpt_loss) -> tuple:
     """One micro-batch forward and backward stage by stage, as ``nn.pipeline`` runs it:
     each stage's input a leaf, its output sent on and then kept as a graph handle, its
     input's gradient sent back. Returns per stage the forward and backward traces and the
@@ -137,7 +155,7 @@ def _one_micro_batch(stages, x, y) -> tuple:
             ins.append(h)
             out = st.module(h)
             if j == n - 1:
-                out = F.cross_entropy(out.flatten(0, -2), y.flatten())
+                out = loss_fn(out, y)
             else:
                 h = out.detach().to_global(stages[j + 1].placement, stages[j + 1].input_sbp)
                 out = ct.autograd.graph_handle(out)
@@ -162,6 +180,11 @@ def _one_micro_batch(stages, x, y) -> tuple:
 def plan(a) -> ct.plan.StepReport:
     """Run one micro-batch and an optimizer step shape-only and price the whole step."""
     world = a.dp * a.tp * a.pp
+    with ct.cost.using(placement_kind(a), a.device):
+        return _plan(a, world)
+
+
+def _plan(a, world: int) -> ct.plan.StepReport:
     with ct.simulate(world, meta=True), ct.debug.track_memory():
         stages = build(a)
         params = list({id(p): p for st in stages for p in st.module.parameters()}.values())
@@ -174,13 +197,15 @@ def plan(a) -> ct.plan.StepReport:
                      sbp=batch_sbp)
         ct.debug.reset_peak_memory()
         total_before = meta_peaks(world)["current_total"]
-        forward, backward, saved = _one_micro_batch(stages, x, y)
+        forward, backward, saved = one_micro_batch(stages, x, y)
         figures = meta_peaks(world)
         # the peak above the start, less the gradients (made during the backward and
         # counted with the parameters' state below)
         transient = np.maximum(figures["total"] - total_before
                                - figures["current_gradients"], sum(saved))
         with ct.plan.record() as update:
+            if a.clip:
+                nn.utils.clip_grad_norm_(params, a.clip)
             optimizer.step()
         figures = meta_peaks(world)
         memory = dict(parameters=figures["current_parameters"],
