@@ -15,6 +15,7 @@ from typing import Optional
 
 import ctensor as ct
 
+from . import foreach
 from .optimizer import Optimizer, _require
 
 __all__ = ["Adam", "AdamW"]
@@ -30,10 +31,21 @@ class Adam(Optimizer):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, amsgrad: bool = False,
-                 shard_states_along: Optional[int] = None):
+                 shard_states_along: Optional[int] = None, foreach: Optional[bool] = None):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay, amsgrad=amsgrad),
-                         shard_states_along)
+                                      weight_decay=weight_decay, amsgrad=amsgrad,
+                                      foreach=foreach), shard_states_along)
+
+    def _foreach_kernel(self, group: dict):
+        """The multi-tensor update (``foreach``, :mod:`optim.foreach`): on unless
+        ``foreach=False`` or ``amsgrad``; the same kernel as one parameter's update."""
+        if group["amsgrad"] or group["foreach"] is False:
+            return None
+        beta1, beta2 = group["betas"]
+        attrs = dict(lr=float(group["lr"]), beta1=beta1, beta2=beta2, eps=float(group["eps"]),
+                     weight_decay=float(group["weight_decay"]), decoupled=self.decoupled)
+        return ("exp_avg", "exp_avg_sq"), foreach.adam_kernel, \
+            lambda step: dict(attrs, step=int(step))
 
     def _check_group(self, group: dict) -> None:
         super()._check_group(group)
@@ -46,6 +58,8 @@ class Adam(Optimizer):
         for key in ("eps", "weight_decay"):
             v = group[key]
             _require(name, key, v, isinstance(v, (int, float)) and v >= 0, "a number >= 0")
+        foreach = group.setdefault("foreach", None)
+        _require(name, "foreach", foreach, foreach in (None, True, False), "None, True or False")
 
     def _init_state(self, p, state: dict, zeros) -> None:
         state["step"] = 0
@@ -70,10 +84,9 @@ class Adam(Optimizer):
         m = state["exp_avg"] * beta1 + grad * (1.0 - beta1)
         v = state["exp_avg_sq"] * beta2 + grad * grad * (1.0 - beta2)
         state["exp_avg"], state["exp_avg_sq"] = m, v
-        if group["amsgrad"]:
-            vmax = state.get("max_exp_avg_sq")
-            v = v if vmax is None else ct.maximum(vmax, v)
-            state["max_exp_avg_sq"] = v
+        vmax = state.get("max_exp_avg_sq")  # (amsgrad: the unfused path's only user)
+        v = v if vmax is None else ct.maximum(vmax, v)
+        state["max_exp_avg_sq"] = v
         step_size = lr / (1.0 - beta1 ** t)
         denom = ct.sqrt(v) / math.sqrt(1.0 - beta2 ** t) + group["eps"]
         return param - m / denom * step_size
@@ -89,5 +102,6 @@ class AdamW(Adam):
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 1e-2, amsgrad: bool = False,
-                 shard_states_along: Optional[int] = None):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, shard_states_along)
+                 shard_states_along: Optional[int] = None, foreach: Optional[bool] = None):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, shard_states_along,
+                         foreach)

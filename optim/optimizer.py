@@ -23,6 +23,8 @@ import numpy as np
 import ctensor as ct
 from ctensor.profile import phase
 
+from . import foreach
+
 __all__ = ["Optimizer"]
 
 
@@ -58,6 +60,7 @@ class Optimizer:
         self.shard_states_along = shard_states_along
         self.param_groups: list = []
         self.state: dict = {}  # id(param) -> {name: tensor or number}
+        self._flat: dict = {}  # (group index, layout) -> foreach.FlatStates
         groups = params if isinstance(params[0], dict) else [{"params": params}]
         for g in groups:
             self.add_param_group(g)
@@ -112,10 +115,8 @@ class Optimizer:
             with ct.enable_grad():
                 loss = closure()
         with ct.no_grad(), phase("optimizer"):  # (ct.debug.profile()'s column)
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
+            for index, group in enumerate(self.param_groups):
+                for p in self._step_flat(index, group):  # (the rest: one at a time)
                     placement, sbp = self.state_layout(p)
                     state = self._state_for(p, placement, sbp)
                     grad = p.grad.to_global(placement, sbp)
@@ -126,6 +127,28 @@ class Optimizer:
                         if isinstance(v, ct.Tensor):
                             ct.debug.tag_memory(v, "optimizer")
         return loss
+
+    def _step_flat(self, index: int, group: dict) -> list:
+        """Update the parameters of ``group`` that the multi-tensor kernel can take
+        (:mod:`optim.foreach`); return those left to update one by one."""
+        fused = self._foreach_kernel(group)
+        if fused is None:
+            return [p for p in group["params"] if p.grad is not None]
+        names, kernel, attrs = fused
+        flat, single = foreach.plan_groups(self, group, names)
+        for key, params in flat.items():
+            states = [self._state_for(p, *key[:2]) for p in params]
+            for s in states:
+                s["step"] += 1
+            cache = self._flat.get((index, key[:3]))
+            self._flat[(index, key[:3])] = foreach.apply(
+                params, states, cache, names, kernel, **attrs(states[0]["step"]))
+        return single
+
+    def _foreach_kernel(self, group: dict):
+        """``(state names, kernel, attrs(step) -> dict)`` of the multi-tensor update of
+        ``group``, or None (subclasses that have one define it)."""
+        return None
 
     def _init_state(self, p: ct.Tensor, state: dict, zeros: Callable) -> None:
         """Fill ``state`` for a fresh parameter; ``zeros()`` gives a tensor in the state
