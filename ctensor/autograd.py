@@ -26,15 +26,29 @@ __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function"
            "FunctionContext", "RemovableHandle", "saved_tensors_hooks", "regather_saved",
            "graph_handle", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
-           "bucket_size", "set_bucket_size"]
+           "bucket_size", "set_bucket_size", "GradMode", "grad_mode"]
 
 bucket_size, set_bucket_size = gradsync.bucket_size, gradsync.set_bucket_size
 
-_grad_enabled = True
 _sync_enabled = True
-#: while a backward function runs: the layouts its gradients are headed for (the dual of
-#: each input's layout), which dispatch weighs when it chooses the backward ops' signatures
-destinations = None
+
+
+class GradMode:
+    """The autograd state an op's plan depends on, read by dispatch and handed to the
+    planner inside each :class:`~ctensor.planner.OpCall` (one object, so dispatch reads
+    attributes, never this module's globals): ``enabled`` (grad mode: ``no_grad`` turns it
+    off) and ``destinations`` (while a backward function runs, where the gradients of its
+    inputs are headed: per tensor ``(shape, placement, wanted SBP)``, which the choice of
+    the backward ops' signatures weighs; None otherwise)."""
+
+    __slots__ = ("enabled", "destinations")
+
+    def __init__(self) -> None:
+        self.enabled, self.destinations = True, None
+
+
+#: the one autograd state of this process (see :class:`GradMode`)
+grad_mode = GradMode()
 
 
 class Node:
@@ -94,7 +108,7 @@ def _tensor(t):
 
 
 def is_grad_enabled() -> bool:
-    return _grad_enabled
+    return grad_mode.enabled
 
 
 _hooks: list = []  # (pack, unpack) of saved_tensors_hooks, innermost last
@@ -161,12 +175,11 @@ def regather_saved() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _set_grad(enabled: bool) -> Iterator[None]:
-    global _grad_enabled
-    prev, _grad_enabled = _grad_enabled, enabled
+    prev, grad_mode.enabled = grad_mode.enabled, enabled
     try:
         yield
     finally:
-        _grad_enabled = prev
+        grad_mode.enabled = prev
 
 
 def no_grad():
@@ -205,7 +218,7 @@ def no_sync() -> Iterator[None]:
 
 def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
     """Attach a node to ``outputs`` if grad mode is on and some input requires grad."""
-    if not _grad_enabled or not any(getattr(t, "requires_grad", False) for t in inputs):
+    if not grad_mode.enabled or not any(getattr(t, "requires_grad", False) for t in inputs):
         return
     _link(Node(name, [_edge(t) for t in inputs], backward_fn, len(outputs)), outputs)
 
@@ -287,15 +300,14 @@ def _toward(tensors) -> Optional[tuple]:
 
 
 def _accumulate(store: dict, key, tensor, grad) -> None:
-    global destinations
     if grad is None:
         return
     if key in store:
-        previous, destinations = destinations, _toward([tensor])
+        previous, grad_mode.destinations = grad_mode.destinations, _toward([tensor])
         try:
             store[key] = (store[key][0], OPS.add(store[key][1], grad))
         finally:
-            destinations = previous
+            grad_mode.destinations = previous
     else:
         store[key] = (tensor, grad)
 
@@ -310,7 +322,7 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
     final gradient goes to ``.grad`` through a :class:`gradsync.Synchronizer`; with
     ``capture`` (ids of tensors) nothing is deposited and ``{id: gradient}`` of those
     tensors is returned instead."""
-    global destinations, _outer_leaves
+    global _outer_leaves
     nested = _outer_leaves is not None and capture is None
     sync = None if capture is not None or nested else gradsync.Synchronizer(_sync_enabled)
     captured: dict = {}
@@ -350,11 +362,12 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
                         raise RuntimeError("backward: trying to backward through the graph "
                                            "a second time; pass retain_graph=True to the "
                                            "first backward()")
-                    previous, destinations = destinations, _toward(node.inputs)
+                    previous = grad_mode.destinations
+                    grad_mode.destinations = _toward(node.inputs)
                     try:
                         in_grads = node.backward_fn(outs)
                     finally:
-                        destinations = previous
+                        grad_mode.destinations = previous
                     if not retain_graph:
                         node.backward_fn = None
                     for t, g in zip(node.inputs, in_grads):
@@ -498,13 +511,12 @@ def forward_context() -> Iterator[None]:
     >>> with ct.autograd.forward_context():
     ...     y = block(x)            # recomputed, recorded on a fresh graph
     """
-    global destinations
-    previous, destinations = destinations, None
+    previous, grad_mode.destinations = grad_mode.destinations, None
     try:
         with enable_grad():
             yield
     finally:
-        destinations = previous
+        grad_mode.destinations = previous
 
 
 class FunctionContext:
@@ -560,7 +572,7 @@ class Function:
                 raise TypeError(f"{cls.__name__}.forward must return ct tensors, got "
                                 f"{type(o).__name__}")
         outputs = tuple(o.detach() if o._node is not None else o for o in outputs)
-        if _grad_enabled and any(needs):
+        if grad_mode.enabled and any(needs):
             n_args = len(args)
 
             def backward_fn(grads):

@@ -6,8 +6,9 @@ once) and, for inputs that need a gradient, boxing that gradient back in the bac
 composite's own reductions; the kernel's compute on the largest shard; the later reduction
 of a new partial output; and boxing each output to where it is expected next (a gradient's
 destination, or the layout of the inputs shaped like it). A parameter is pinned: moving it
-costs :data:`_PINNED`. Pure: layouts in, layouts out; :func:`ctensor.dispatch.apply` caches
-the result per (op, attributes, input layouts, destinations, grads, pinned, same).
+costs :data:`_PINNED`. Pure: layouts in, layouts out; :mod:`ctensor.planner` caches the result
+per :class:`~ctensor.planner.OpCall` (op, attributes, input layouts, destinations, grads,
+pinned, same).
 """
 from __future__ import annotations
 
@@ -146,14 +147,16 @@ def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints,
 
 
 def choose(opdef, layouts: tuple, attrs: dict, out_meta, dests, grads: int,
-            pinned: int, same: tuple) -> tuple:
+           pinned: int, same: tuple, advise=None) -> tuple:
     """Per mesh axis, the declared signature whose estimated time is least (ties: the
     earlier declared). Returns ``(input layouts after boxing, output layouts, composite)``.
     ``grads`` has bit ``i`` set when input ``i`` needs a gradient, ``pinned`` when it is a
     parameter (a leaf that requires grad: kept where it is whenever a signature allows);
     ``same[i]`` is the index of the first input that is the same tensor as input ``i``.
-    Called once per (op, attributes, input layouts, gradient destinations, grads, pinned,
-    same): :func:`ctensor.dispatch.apply` caches it."""
+    ``advise(axis, candidates, costs, picked)``, when given, may return another of the
+    axis's candidates to take instead of ``picked`` (None keeps it): the planner's advisor
+    seam (:func:`ctensor.planner.set_advisor`). Called once per
+    :class:`~ctensor.planner.OpCall`: :func:`ctensor.planner.plan_for` caches it."""
     placement = layouts[0].placement
     if not opdef.per_axis:
         candidates = opdef.signatures(layouts, **attrs)
@@ -169,12 +172,15 @@ def choose(opdef, layouts: tuple, attrs: dict, out_meta, dests, grads: int,
         if not candidates:
             raise ValueError(f"{opdef.name}: no SBP signature for inputs "
                              f"{[format_sbp(l.sbp) for l in layouts]}")
-        best, best_cost = None, None
+        best, best_cost, costs = None, None, []
         for cand in candidates:
             total = _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp,
                                     hints, placement.device, grads, pinned, same)
+            costs.append(total)
             if best is None or total < best_cost:
                 best, best_cost = cand, total
+        if advise is not None:
+            best = advise(axis, candidates, costs, best) or best
         composite = composite or best.composite
         for i in range(len(layouts)):
             in_sbp[i][axis] = best.inputs[i]

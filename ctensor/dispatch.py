@@ -52,15 +52,14 @@ import numpy as np
 
 from . import autograd, boxing, quiet, saved, shapeonly
 from . import profile as _profile
-from . import cost as cost_model
 from .arrays import array_module
-from .choice import choose
 from .layout import Layout
 from .meta import MetaBuffer
-from .operands import as_tensor, same_placement
+from .operands import as_tensor
+from .planner import plan_for
 from .registry import OPS, OpRecord
 from .saved import BackwardContext, LayoutOnly, Regather
-from . import runtime
+from .autograd import grad_mode
 from .runtime import world
 from .sbp import format_sbp
 from .tensor import TENSOR_TYPES, Tensor
@@ -102,13 +101,13 @@ class OpDef:
     on tensor inputs: ``opdef(x, dims=(0,), keepdim=False)``."""
 
     __slots__ = ("name", "kernel", "meta", "signatures", "backward", "needs_ctx",
-                 "n_outputs", "composite", "grads", "plan", "flops", "view", "per_axis",
+                 "n_outputs", "composite", "grads", "fixed_layout", "flops", "view", "per_axis",
                  "saves", "__weakref__")
 
     def __init__(self, name: str, kernel: Callable, meta: Callable, signatures: Callable,
                  backward: Optional[Callable] = None, needs_ctx: bool = False,
                  n_outputs: int = 1, composite: Optional[Callable] = None,
-                 plan: Optional[Callable] = None, flops: Optional[Callable] = None,
+                 fixed_layout: Optional[Callable] = None, flops: Optional[Callable] = None,
                  view: bool = False, per_axis: bool = False, saves=None):
         self.name = name
         self.kernel = kernel
@@ -118,7 +117,8 @@ class OpDef:
         self.needs_ctx = needs_ctx
         self.n_outputs = n_outputs
         self.composite = composite
-        self.plan = plan  # (layouts, **attrs) -> (targets, out_layouts): a fixed layout
+        # (layouts, **attrs) -> (targets, out_layouts): the layouts, fixed (no choice)
+        self.fixed_layout = fixed_layout
         self.flops = flops  # (local input shapes, local output shapes, **attrs) -> FLOPs
         self.view = view  # the kernel only re-views its input: no compute to speak of
         self.per_axis = per_axis  # signatures(..., mesh_axis=a) differ per mesh axis
@@ -243,7 +243,7 @@ def _refuse_unknown(opname: str, kwargs: dict, accepted: frozenset, keyword_erro
 def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           meta: Optional[Callable] = None, signatures: Optional[Callable] = None,
           backward: Optional[Callable] = None, needs_ctx: bool = False, n_outputs: int = 1,
-          composite: Optional[Callable] = None, plan: Optional[Callable] = None,
+          composite: Optional[Callable] = None, fixed_layout: Optional[Callable] = None,
           flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
           saves=None, method=False, keyword_error: Optional[Callable] = None,
           forwards: bool = False) -> Callable:
@@ -268,18 +268,19 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
         if kernel is None:
-            if any(v is not None for v in (meta, signatures, backward, composite, plan, flops)):
+            if any(v is not None for v in (meta, signatures, backward, composite, fixed_layout,
+                                           flops)):
                 raise TypeError(f"defop({opname!r}): meta, signatures, backward, composite "
-                                f"and plan need a kernel")
+                                f"and fixed_layout need a kernel")
             opdef, public = None, front
             if keyword_error is not None:
                 public = _checked_keywords(opname, front, keyword_error)
         else:
-            if plan is None and (meta is None or signatures is None):
+            if fixed_layout is None and (meta is None or signatures is None):
                 raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
-                                f"(or a fixed plan)")
+                                f"(or a fixed_layout)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
-                          composite, plan, flops, view, per_axis, saves)
+                          composite, fixed_layout, flops, view, per_axis, saves)
             public = _public(front, opdef, keyword_error, forwards)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]
@@ -307,98 +308,7 @@ class KernelContext:
         return self.out_layouts[i].region(self.rank)
 
 
-# --------------------------------------------------------------------------- attributes
-def _freeze(v):
-    if isinstance(v, (list, tuple)):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, slice):
-        return ("slice", v.start, v.stop, v.step)
-    if isinstance(v, np.ndarray):
-        return ("array", v.shape, v.dtype.str, v.tobytes())
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    return v
-
-
-def _attrs_key(attrs: dict):
-    """A hashable key of the op attributes (fronts pass them in a fixed order)."""
-    key = tuple(attrs.items())
-    try:
-        hash(key)
-        return key
-    except TypeError:
-        return tuple((k, _freeze(v)) for k, v in attrs.items())
-
-
 # --------------------------------------------------------------------------- apply
-_plans: dict = {}
-
-
-class _Plan:
-    """What one (op, attributes, input layouts) resolves to, computed once: the input
-    layouts after boxing (and which inputs share one boxing), the output layouts, the array
-    module, and each output's local shape per rank (so kernel bugs are caught; computed on
-    the first run with data: a shape-only run never needs them)."""
-
-    __slots__ = ("targets", "out_layouts", "xp", "single", "_shapes", "composite", "aliases",
-                 "moved", "verified", "unrolled", "recording", "grows")
-
-    def __init__(self, opdef: OpDef, layouts: tuple, targets: tuple, out_layouts: tuple,
-                 composite: bool):
-        self.targets, self.out_layouts = targets, out_layouts
-        self.composite = composite
-        self.single = opdef.n_outputs == 1
-        self.recording = None  # what the tape keeps, once known (see saved.recording)
-        self.grows = None  # the moved inputs that are gathered, once known (saved.regathered)
-        # the common case apply() runs unrolled: one output, no context, one or two inputs
-        self.unrolled = self.single and not opdef.needs_ctx and len(layouts) <= 2
-        self.verified = False  # whether a run has checked the kernel's local shapes
-        # the inputs that need boxing
-        self.moved = tuple(i for i, (l, t) in enumerate(zip(layouts, targets)) if l is not t)
-        if composite:
-            self.xp, self._shapes, self.aliases, self.moved = None, {}, (), ()
-            return
-        # per input: whether its boxing only views it (the boxed copy then shares its
-        # count of in-place writes)
-        self.aliases = tuple(l is not t and boxing.aliases(l, t)
-                             for l, t in zip(layouts, targets))
-        try:
-            self.xp = array_module(out_layouts[0].placement.device)
-        except RuntimeError:
-            if not world().meta:
-                raise
-            # a shape-only plan of a GPU job on a machine without CuPy: no kernel runs (and
-            # without CuPy no tensor with data can ever reach this plan)
-            self.xp = None
-        self._shapes = None
-
-    @property
-    def shapes(self) -> dict:
-        if self._shapes is None:
-            p = self.out_layouts[0].placement
-            self._shapes = {r: tuple(l.local_shape(r) for l in self.out_layouts)
-                            for r in p.rank_list}
-        return self._shapes
-
-
-def _plan(opdef: OpDef, layouts: tuple, attrs: dict, dests, grads: int, pinned: int,
-          same: tuple) -> _Plan:
-    if opdef.plan is not None:
-        targets, outs = opdef.plan(layouts, **attrs)
-        return _Plan(opdef, layouts, targets, outs, False)
-    same_placement(opdef.name, [l.placement for l in layouts])
-    out_meta = opdef.meta(layouts, **attrs)
-    return _Plan(opdef, layouts, *choose(opdef, layouts, attrs, out_meta, dests, grads,
-                                         pinned, same))
-
-
-def _clear_plans() -> None:
-    _plans.clear()
-
-
-cost_model.on_change(_clear_plans)
-
-
 def _stale(opdef: OpDef, tensors: Sequence) -> None:
     """Raise the error for tensors whose shards belong to another world (a finished
     simulation), or re-raise the original problem."""
@@ -474,21 +384,9 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
                 grads |= 1 << i
         same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
                       for i, t in enumerate(tensors)])
-    if grads and (opdef.backward is None or not autograd._grad_enabled):
+    if grads and (opdef.backward is None or not grad_mode.enabled):
         grads = 0  # (the choice weighs the backward only when there will be one)
-    dests = autograd.destinations
-    key = (opdef, runtime._default_dtype, tuple(attrs.items()) if attrs else (), layouts,
-           dests, grads, pinned, same)
-    try:
-        plan = _plans.get(key)
-    except TypeError:  # an unhashable attribute (a list, an array): its frozen form
-        key = (opdef, key[1], _attrs_key(attrs), *key[3:])
-        plan = _plans.get(key)
-    if plan is None:
-        plan = _plan(opdef, layouts, attrs, dests, grads, pinned, same)
-        if len(_plans) > 65536:
-            _plans.clear()
-        _plans[key] = plan
+    plan = plan_for(opdef, attrs, layouts, grad_mode.destinations, grads, pinned, same)
     targets, out_layouts, single = plan.targets, plan.out_layouts, plan.single
     if plan.composite:  # written with other ops, which dispatch and record themselves
         return opdef.composite(*tensors, **attrs)
@@ -500,9 +398,9 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
             boxed[i] = saved.boxed(opdef, tensors[i], targets[i], plan.aliases[i])
 
     if type(boxed[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
-        outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, key)
+        outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, plan)
     else:
-        xp, kernel = plan.xp, opdef.kernel
+        xp, kernel = plan.xp or array_module(out_layouts[0].placement.device), opdef.kernel
         token = quiet.off()  # no RuntimeWarning: inf/nan as PyTorch gives (ctensor/quiet.py)
         timed = _profile.on and _profile.kernel_enter(opdef)
         try:
@@ -556,7 +454,7 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
         # only what the backward reads the values of (``saves``) is kept: the other inputs
         # as their layouts, so an op's intermediate inputs are freed as soon as no later op
         # needs them (an add keeps neither operand alive)
-        keep, keep_out, needs, watch = plan.recording or \
+        keep, keep_out, needs, watch = plan.record or \
             saved.recording(plan, opdef, grads, layouts)
         saved_out = tuple([o.detach() for o in outputs]) if keep_out else ()
         if keep is None:

@@ -23,7 +23,8 @@ from .meta import MetaBuffer, max_bytes, rank_bytes
 from .tensor import Tensor
 
 if TYPE_CHECKING:
-    from .dispatch import OpDef, _Plan
+    from .dispatch import OpDef
+    from .planner import OpPlan as _Plan
 
 __all__ = ["LayoutOnly", "Regather", "BackwardContext", "boxed", "recording", "regathered",
            "layout_only"]
@@ -152,7 +153,7 @@ def boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
         context.op_stack.pop()
     if aliases:  # views of t: they share t's count of in-place writes
         copy._version = t._version
-    elif opdef.plan is None and not (t.requires_grad and t._node is None):
+    elif opdef.fixed_layout is None and not (t.requires_grad and t._node is None):
         if type(copy._shards) is not MetaBuffer:
             for arr in copy._shards.values():
                 if type(arr) is np.ndarray:
@@ -177,5 +178,5 @@ def recording(plan: _Plan, opdef: OpDef, grads: int, layouts: tuple) -> tuple:
     needs = tuple(bool(grads >> i & 1) for i in range(n))
     watch = tuple(range(n)) if saves is None else \
         tuple(i for i in saves if type(i) is int and i < n)
-    plan.recording = (keep, keep_out, needs, watch)
-    return plan.recording
+    plan.record = (keep, keep_out, needs, watch)
+    return plan.record

@@ -28,7 +28,7 @@ __all__ = ["to_global", "clone", "to", "half", "long", "int_", "bool_", "type_as
 
 
 # ----------------------------------------------------------------------------- to_global
-def _to_global_plan(layouts, placement, sbp):
+def _to_global_layout(layouts, placement, sbp):
     (src,) = layouts
     target = Layout(src.shape, src.dtype, placement, sbp)
     return (target,), (target,)
@@ -39,7 +39,7 @@ def _to_global_backward(ctx, g):
     return (to_global(g, src.placement, dual(src.sbp)),)
 
 
-@defop(kernel=lambda xp, x, placement, sbp: x, plan=_to_global_plan, meta=None,
+@defop(kernel=lambda xp, x, placement, sbp: x, fixed_layout=_to_global_layout, meta=None,
        backward=_to_global_backward, saves=())
 def to_global(op, x, placement=None, sbp=None, async_op=False):
     """Redistribute ``x`` to ``placement`` and ``sbp`` (see :meth:`Tensor.to_global`);
