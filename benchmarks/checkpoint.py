@@ -8,7 +8,7 @@ forward of 128 rows through each tensor as a weight, then every tensor updated i
   ``ct.save(state, path, async_op=True)`` before its first step and ``handle.poll()`` after
   each, against the same loop without the save, run just before; the difference, against
   the time of a synchronous ``ct.save`` of the same state (target: <= 15%);
-* **throughput** in MB/s: ``ct.save`` (CRC-32 and fsync of every file, the commit) and
+* **throughput** in MB/s: ``ct.save`` (XXH3-64 and fsync of every file, direct I/O, the commit) and
   ``ct.load`` (every file verified) against ``np.save`` / ``np.load`` of the same arrays, one
   file each (``np.save`` does not fsync: the row with fsync is given too; the loads read
   files written with fsync and dropped from the page cache, as ``ct.save`` leaves its own).
@@ -174,7 +174,7 @@ def run(args, directory: str) -> None:
           f"in place) takes {t_step * 1e3:.0f} ms; medians of {args.repeat}")
     print(f"{'':34s} {'seconds':>8s} {'MB/s':>8s} {'vs numpy':>9s}  (save: vs np.save + fsync)")
     rows = [("np.save (no fsync)", t_np_save, None), ("np.save + fsync", t_np_fsync, None),
-            ("ct.save (CRC-32, fsync, commit)", t_save, t_np_fsync),
+            ("ct.save (XXH3, fsync, commit)", t_save, t_np_fsync),
             ("np.load", t_np_load, None), ("ct.load (every file verified)", t_load, t_np_load)]
     for name, seconds, ref in rows:
         ratio = f"{ref / seconds:8.2f}x" if ref else ""

@@ -4,7 +4,7 @@ A checkpoint is a directory::
 
     path/metadata.json        the object tree, and per tensor: shape, dtype, placement, SBP
                               and the regions (logical boxes) saved with the file and the
-                              CRC-32 of each
+                              checksum of each (XXH3-64; CRC-32 before version 3)
     path/t<i>_r<rank>.npy     one file per distinct region of tensor i, written by the first
                               rank of the placement holding that region (no duplicates for
                               broadcast tensors)
@@ -20,7 +20,7 @@ call, and the commit waits for ``handle.wait()`` (see :mod:`ctensor.checkpoint_i
 
 Loading builds each tensor in the layout asked for (default: every rank of the current
 world, broadcast) by reading, for each shard this process holds, just the intersecting
-parts of the saved regions (memory-mapped), after checking the CRC-32 of each file it
+parts of the saved regions (memory-mapped), after checking the checksum of each file it
 reads. So a checkpoint saved on 4 ranks as (S(0), S(1)) on a 2x2 mesh loads on 2 ranks as
 S(1), or in one process. Everything is checked (marker, metadata, every file's header and
 checksum) before anything is returned; ranks agree on success, so a failure on one rank is
@@ -40,8 +40,9 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 
 from .arrays import to_host
-from .checkpoint_io import (CHECKSUM, ChecksumError, SaveHandle, file_checksum,
-                            finish_pending, read_into, stage, sync_directory, write_text)
+from .checkpoint_io import (CHECKSUM, CHECKSUMS, ChecksumError, SaveHandle, checksum_text,
+                            file_checksum, finish_pending, read_into, stage, sync_directory,
+                            write_text)
 from .creation import generate, resolve
 from .layout import intersect, slices
 from .placement import Placement
@@ -53,7 +54,7 @@ __all__ = ["save", "load", "ChecksumError", "SaveHandle"]
 
 FORMAT = "ctensor-checkpoint"
 #: version 2 adds the checksums; version 1 (no checksums) still loads, with a warning
-VERSION = 2
+VERSION = 3  # 3: data files checksummed with XXH3-64 (2: CRC-32; 1: no checksums)
 METADATA = "metadata.json"
 MARKER = "COMPLETE"
 TMP_SUFFIX = ".ctensor-tmp"
@@ -186,7 +187,7 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     """Save a (nested) dict/list of ct tensors, NumPy arrays, numbers and strings.
 
     Collective: every rank calls it with the same object structure and path (on a file
-    system all ranks see). Each rank writes only its own shards, each file with a CRC-32
+    system all ranks see). Each rank writes only its own shards, each file with a checksum
     that :func:`load` verifies; the write is atomic (``path`` is the old checkpoint or the
     complete new one, never a mixture).
 
@@ -280,7 +281,7 @@ def _commit(w, path: str, tmp: str, meta: dict, checksums: dict,
             for entry in [r for tm in meta["tensors"] for r in tm["regions"]] + meta["arrays"]:
                 entry[CHECKSUM] = crc[entry["file"]]
             meta_crc = write_text(os.path.join(tmp, METADATA), json.dumps(meta))
-            write_text(os.path.join(tmp, MARKER), f"{FORMAT} {VERSION} {CHECKSUM} "
+            write_text(os.path.join(tmp, MARKER), f"{FORMAT} {VERSION} crc32 "
                                                   f"{meta_crc:08x}\n")
             old = path + OLD_SUFFIX
             if os.path.exists(path):
@@ -324,11 +325,12 @@ def _check_file(directory: str, name: str, shape: tuple, dtype: np.dtype, cache:
 
 
 class _Verifier:
-    """Checks each file's CRC-32 once, when this rank first reads it (a rank reads, and
+    """Checks each file's checksum once, when this rank first reads it (a rank reads, and
     so verifies, only the files its shards need)."""
 
-    def __init__(self, directory: str, expected: Optional[dict]):
+    def __init__(self, directory: str, expected: Optional[dict], checksum: str):
         self.directory = directory
+        self.checksum = checksum  # the metadata's name of it: "xxh3_64", or "crc32"
         self.expected = expected  # {file: crc}; None: a version-1 checkpoint (no checksums)
         self.verified: set = set()
 
@@ -337,13 +339,14 @@ class _Verifier:
         if self.expected is None or name in self.verified:
             return
         if got is None:
-            got = file_checksum(os.path.join(self.directory, name))
+            got = file_checksum(os.path.join(self.directory, name), self.checksum)
         if got != self.expected.get(name):
             raise ChecksumError(
                 f"load: checkpoint {self.directory!r} is corrupt: file {name!r} ({what}) has "
-                f"CRC-32 {got:08x}, the metadata recorded {self.expected.get(name, 0):08x} "
-                f"when it was written: the file was damaged since; restore it or load "
-                f"another checkpoint")
+                f"{self.checksum} checksum {checksum_text(got, self.checksum)}, the metadata "
+                f"recorded {checksum_text(self.expected.get(name, 0), self.checksum)} when it "
+                f"was written: the file was damaged since; restore it or load another "
+                f"checkpoint")
         self.verified.add(name)
 
 
@@ -363,17 +366,17 @@ def _read_metadata(directory: str) -> tuple:
             raw = f.read()
     except OSError as exc:
         raise ValueError(f"load: checkpoint {directory!r} cannot be read ({exc})") from None
-    found = re.fullmatch(rb"%s %d %s ([0-9a-f]{8})\n" % (FORMAT.encode(), VERSION,
-                                                        CHECKSUM.encode()), text)
-    version = VERSION if found else 1 if text == f"{FORMAT} 1\n".encode() else None
+    found = re.fullmatch(rb"%s ([23]) crc32 ([0-9a-f]{8})\n" % FORMAT.encode(), text)
+    version = int(found.group(1)) if found else 1 if text == f"{FORMAT} 1\n".encode() \
+        else None
     if version is None:
         raise ValueError(f"load: checkpoint {directory!r} is corrupt: its {MARKER} marker "
                          f"{text[:60]!r} is not one this ctensor writes (version {VERSION}: "
-                         f"'{FORMAT} {VERSION} {CHECKSUM} <8 hex digits>')")
-    if found and zlib.crc32(raw) != int(found.group(1), 16):
+                         f"'{FORMAT} {VERSION} crc32 <8 hex digits>')")
+    if found and zlib.crc32(raw) != int(found.group(2), 16):
         raise ChecksumError(f"load: checkpoint {directory!r} is corrupt: file {METADATA!r} "
                             f"has CRC-32 {zlib.crc32(raw):08x}, the {MARKER} marker recorded "
-                            f"{found.group(1).decode()}: the file was damaged since it was "
+                            f"{found.group(2).decode()}: the file was damaged since it was "
                             f"written; restore it or load another checkpoint")
     try:
         meta = json.loads(raw.decode("utf-8"))
@@ -384,14 +387,18 @@ def _read_metadata(directory: str) -> tuple:
         raise ValueError(f"load: {directory!r} is not a ctensor checkpoint (bad {METADATA})")
     if meta.get("version") != version:
         raise ValueError(f"load: checkpoint {directory!r} has format version "
-                         f"{meta.get('version')!r}; this ctensor reads versions 1 and {VERSION}")
+                         f"{meta.get('version')!r}; this ctensor reads versions 1 to {VERSION}")
     if version == 1:
         warnings.warn(f"load: checkpoint {directory!r} was written by an older ctensor "
                       f"(format version 1) without checksums: its data cannot be verified; "
                       f"save it again to add them", UserWarning, stacklevel=3)
         return meta, None
+    checksum = meta.get("checksum")
+    if checksum not in CHECKSUMS:
+        raise ValueError(f"load: checkpoint {directory!r} records its files' checksums as "
+                         f"{checksum!r}; this ctensor verifies {', '.join(CHECKSUMS)}")
     try:
-        checksums = {e["file"]: int(e[CHECKSUM]) for e in meta["arrays"] +
+        checksums = {e["file"]: int(e[checksum]) for e in meta["arrays"] +
                      [r for tm in meta["tensors"] for r in tm["regions"]]}
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"load: checkpoint {directory!r} is corrupt: a file entry has no "
@@ -434,7 +441,7 @@ def _read_region(region: tuple, dtype: np.dtype, regions: list, cache: dict,
         common = intersect(region, saved)
         if common == region == saved and file not in verify.verified:  # the whole file:
             full = os.path.join(verify.directory, file)                 # read and verify
-            got = read_into(full, cache[file].offset, out)             # in one pass
+            got = read_into(full, cache[file].offset, out, verify.checksum)  # in one pass
             verify(file, _region_text(name, shape, saved), got)
             continue
         if common is not None:
@@ -484,7 +491,7 @@ def load(path: Union[str, os.PathLike], placement: Optional[Placement] = None, s
     (default: broadcast); ``map`` chooses per tensor: a function ``(name, shape, dtype)``
     returning an SBP, a ``(placement, sbp)`` pair or None, or a dict from dotted name
     (fnmatch patterns allowed, e.g. ``"model.*.weight"``) to those. Each rank reads only the
-    parts of the saved regions its shards need, and verifies the CRC-32 of every file it
+    parts of the saved regions its shards need, and verifies the checksum of every file it
     reads. Collective.
 
     PyTorch's keywords are accepted: ``map_location`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``
@@ -519,7 +526,7 @@ def load(path: Union[str, os.PathLike], placement: Optional[Placement] = None, s
     error, result = None, None
     try:
         meta, checksums = _read_metadata(directory)
-        verify = _Verifier(directory, checksums)
+        verify = _Verifier(directory, checksums, meta.get("checksum", "crc32"))
         cache: dict = {}
         names = _names(meta.get("tree"))
         checked = [_validate_tensor(directory, i, tm, cache, verify, names.get(("tensor", i)))

@@ -271,9 +271,9 @@ def test_version_1_checkpoint_loads_with_a_warning(ckpt_dir):
     if ct.rank() == 0:
         meta = json.load(open(os.path.join(path, "metadata.json")))
         meta["version"] = 1
-        del meta["checksum"]
+        checksum = meta.pop("checksum")
         for entry in meta["arrays"] + [r for t in meta["tensors"] for r in t["regions"]]:
-            del entry["crc32"]
+            del entry[checksum]
         open(os.path.join(path, "metadata.json"), "w").write(json.dumps(meta))
         open(os.path.join(path, "COMPLETE"), "w").write("ctensor-checkpoint 1\n")
     barrier()
@@ -281,6 +281,64 @@ def test_version_1_checkpoint_loads_with_a_warning(ckpt_dir):
         got = ct.load(path)
     np.testing.assert_array_equal(got["x"].numpy(), A)
     np.testing.assert_array_equal(got["arr"], np.arange(3))
+
+
+def test_version_2_checkpoint_with_crc32_loads_and_verifies(ckpt_dir):
+    """Checkpoints of format 2 (data files checksummed with CRC-32) load and are verified
+    with CRC-32; this version writes XXH3-64 (format 3)."""
+    import json
+    import zlib
+    path = os.path.join(ckpt_dir, "v2")
+    ct.save({"x": ct.tensor(A), "arr": np.arange(3)}, path)
+    barrier()
+    meta = json.load(open(os.path.join(path, "metadata.json")))
+    assert (meta["version"], meta["checksum"]) == (3, "xxh3_64")
+    barrier()
+    if ct.rank() == 0:
+        meta["version"], meta["checksum"] = 2, "crc32"
+        for entry in meta["arrays"] + [r for t in meta["tensors"] for r in t["regions"]]:
+            del entry["xxh3_64"]
+            entry["crc32"] = zlib.crc32(open(os.path.join(path, entry["file"]), "rb").read())
+        text = json.dumps(meta).encode()
+        open(os.path.join(path, "metadata.json"), "wb").write(text)
+        open(os.path.join(path, "COMPLETE"), "w").write(
+            f"ctensor-checkpoint 2 crc32 {zlib.crc32(text):08x}\n")
+    barrier()
+    got = ct.load(path)
+    np.testing.assert_array_equal(got["x"].numpy(), A)
+    barrier()
+    name = meta["tensors"][0]["regions"][0]["file"]
+    if ct.rank() == 0:
+        _flip(os.path.join(path, name), os.path.getsize(os.path.join(path, name)) - 1)
+    barrier()
+    with pytest.raises(ct.ChecksumError, match="crc32 checksum"):
+        ct.load(path)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct-io", "page-cache"])
+def test_large_files_direct_io_and_page_cache(ckpt_dir, monkeypatch, direct):
+    """Files of 1 MiB or more are written with O_DIRECT where the file system allows it
+    (header padded to a page, so the data starts on one) or through the page cache
+    (``CTENSOR_DIRECT_IO=0``); either way NumPy reads them, and a synchronous save (a
+    bounce buffer) and an asynchronous one (page-aligned staging buffers) hold the same
+    bytes."""
+    from ctensor import checkpoint_io
+    monkeypatch.setattr(checkpoint_io, "_direct_ok", [direct and checkpoint_io._direct_ok[0]])
+    big = RNG.standard_normal((301, 517))   # 1.2 MB, no multiple of a page
+    x = ct.tensor(big)
+    paths = [os.path.join(ckpt_dir, f"big-{direct}-{kind}") for kind in ("sync", "async")]
+    ct.save({"x": x, "arr": big}, paths[0])
+    ct.save({"x": x, "arr": big}, paths[1], async_op=True).wait()
+    barrier()
+    for path in paths:
+        for name in ("t0_r0.npy", "a0.npy"):
+            arr = np.load(os.path.join(path, name), mmap_mode="r")
+            assert arr.offset % 4096 == 0
+            np.testing.assert_array_equal(arr, big)
+        got = ct.load(path)
+        np.testing.assert_array_equal(got["x"].numpy(), big)
+        np.testing.assert_array_equal(got["arr"], big)
+    assert checkpoint_io.aligned_empty((3, 5), np.float32).ctypes.data % 4096 == 0
 
 
 # ----------------------------------------------------------------------------- async save
