@@ -31,11 +31,33 @@ def array_module(arr_or_device):
     return np
 
 
-def to_host(arr) -> np.ndarray:
-    """``arr`` as a NumPy array (a device-to-host copy for CuPy arrays, else no copy)."""
+def to_host(arr, explicit: bool = False) -> np.ndarray:
+    """``arr`` as a NumPy array (a device-to-host copy for CuPy arrays, else no copy).
+
+    ``explicit``: the user asked for this copy (``numpy()``, ``item()``, a checkpoint save);
+    other copies count as implicit host synchronisations (``ct.debug.set_sync_debug_mode``).
+    A device copy also brings the device-side checks recorded since the last one (ids out
+    of range, bad targets: :func:`ctensor._device.check_later`) in the same transfer, and
+    raises the first failed one's ``ValueError``."""
     if is_host(arr):
         return np.asarray(arr)
-    return arr.get()
+    if explicit:
+        with _device.explicit():
+            return _fetch(arr)
+    return _fetch(arr)
+
+
+def _fetch(arr) -> np.ndarray:
+    _device.host_sync("a device array read on the host")
+    pending = _device.pending_checks()
+    if pending is None:
+        return arr.get()
+    xp, flat, messages = pending
+    data = xp.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+    host = xp.concatenate([data, flat.view(np.uint8)]).get()  # one copy for both
+    n = int(data.size)
+    _device.raise_checks(host[n:].copy().view(np.int64), messages)
+    return host[:n].copy().view(arr.dtype).reshape(arr.shape)
 
 
 def to_device(arr, device: str):

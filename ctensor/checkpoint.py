@@ -179,7 +179,7 @@ def _regions(t: Tensor, index: int) -> list:
 
 def _host_copy(arr, copy: bool) -> np.ndarray:
     """``arr`` in host memory; with ``copy`` a copy of its own (in a reused staging buffer)."""
-    return stage(arr) if copy else to_host(arr)
+    return stage(arr) if copy else to_host(arr, explicit=True)
 
 
 def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False

@@ -312,7 +312,7 @@ def stage(arr) -> np.ndarray:
         try:
             arr.get(out=buf)
         except (TypeError, ValueError):  # a CuPy without get(out=), or a layout it refuses
-            np.copyto(buf, to_host(arr))
+            np.copyto(buf, to_host(arr, explicit=True))
     return buf
 
 

@@ -40,7 +40,11 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank
            "check_same_data", "check_broadcast_data",
            "boxing_step",
            "track_memory", "memory", "reset_peak_memory", "tag_memory", "MemoryStats",
-           "profile"]
+           "profile", "set_sync_debug_mode", "get_sync_debug_mode"]
+
+#: ``ct.debug.set_sync_debug_mode("warn" | "error" | "default")``: implicit device->host copies
+#: (host synchronisations) warn or raise, like ``torch.cuda.set_sync_debug_mode``
+from ._device import get_sync_debug_mode, set_sync_debug_mode  # noqa: E402
 
 #: ``with ct.debug.profile() as prof:``: where each step's time goes (ctensor/profile.py)
 profile = _profile.profile

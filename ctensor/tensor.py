@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import autograd, grad_hooks, memory
-from .arrays import is_host
+from .arrays import is_host, to_host
 from .layout import Layout
 from .meta import MetaBuffer, no_values
 from .placement import Placement
@@ -247,7 +247,7 @@ class Tensor:
         with autograd.no_grad():
             full = OPS.to_global(self, everyone, (Broadcast(),) * everyone.ndim)
         arr = full._shards[w.held_ranks[0]]
-        return np.array(arr, copy=True) if is_host(arr) else arr.get()
+        return np.array(arr, copy=True) if is_host(arr) else to_host(arr, explicit=True)
 
     def item(self):
         """The value of a one-element tensor as a Python scalar (collective)."""

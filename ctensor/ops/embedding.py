@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import check_range
 from ._rules import B, P, S, defop, sig, transposed_signatures
 
 __all__ = ["embedding", "index_add", "check_int"]
@@ -62,10 +63,10 @@ def _signatures(layouts):
 
 
 def _local_ids(xp, opname, ids, lo, hi, size):
-    """Position of each id inside the local range [lo, hi) and whether it is inside."""
-    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= size):
-        raise ValueError(f"{opname}: ids must lie in [0, {size}), got values in "
-                         f"[{int(ids.min())}, {int(ids.max())}]")
+    """Position of each id inside the local range [lo, hi) (0 outside it) and whether it is
+    inside; ids outside [0, size) raise (on a device: at the next explicit transfer)."""
+    check_range(xp, opname, ids, size, lambda a, b: f"{opname}: ids must lie in [0, {size}), "
+                f"got values in [{a}, {b}]")
     local = ids - lo
     inside = (local >= 0) & (local < hi - lo)
     return xp.where(inside, local, 0), inside
@@ -86,7 +87,11 @@ def _grad_weight_kernel(xp, ids, g, weight, ctx):
     vocab = ctx.out_layouts[0].shape[0]
     out = xp.zeros((hi - lo, c1 - c0), dtype=g.dtype)
     local, inside = _local_ids(xp, "embedding", ids, lo, hi, vocab)
-    return index_add(xp, out, local[inside], g[inside])
+    if hi == lo:
+        return out
+    # every id adds a row, those outside this shard a zero one into row 0: no boolean-mask
+    # indexing (a data-dependent shape, a host synchronisation on a GPU)
+    return index_add(xp, out, local, xp.where(inside[..., None], g, xp.zeros((), g.dtype)))
 
 
 def _grad_weight_signatures(layouts):

@@ -30,9 +30,11 @@ transposes of the forward's (gather is linear in x), so the gradient comes out i
 """
 from __future__ import annotations
 
+from ..arrays import is_host
 from ..dispatch import as_tensor
 from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig, transposed_signatures
+from ._checks import check_range
 from .embedding import check_int, index_add
 
 __all__ = ["gather"]
@@ -57,10 +59,9 @@ def _signatures(layouts, dim):
     return cands
 
 
-def _check_range(index, size: int) -> None:
-    if index.size and (int(index.min()) < 0 or int(index.max()) >= size):
-        raise ValueError(f"gather: argument 'index' must hold values in [0, {size}), got "
-                         f"values in [{int(index.min())}, {int(index.max())}]")
+def _check_range(xp, index, size: int) -> None:
+    check_range(xp, "gather", index, size, lambda a, b: f"gather: argument 'index' must hold "
+                f"values in [0, {size}), got values in [{a}, {b}]")
 
 
 def _offsets(index_region, x_region, dim: int) -> tuple:
@@ -72,11 +73,12 @@ def _offsets(index_region, x_region, dim: int) -> tuple:
 
 def _kernel(xp, x, index, dim, ctx):
     size = ctx.in_layouts[0].shape[dim]
-    _check_range(index, size)
+    _check_range(xp, index, size)
     lo, hi = ctx.in_region(0)[dim]
     xs = x[_offsets(ctx.in_region(1), ctx.in_region(0), dim)]
-    if hi - lo == size:
-        return xp.take_along_axis(xs, index, axis=dim)
+    if hi - lo == size:  # (on a device bad ids raise later: clipped, never read out of bounds)
+        safe = index if is_host(index) else xp.clip(index, 0, size - 1)
+        return xp.take_along_axis(xs, safe, axis=dim)
     if hi == lo or index.size == 0:
         return xp.zeros(index.shape, dtype=x.dtype)
     local = index - lo
@@ -94,16 +96,20 @@ def _scatter_add_kernel(xp, g, index, x, dim, ctx):
     lo, hi = region[dim]
     local = index - lo
     inside = (local >= 0) & (local < hi - lo)
+    if hi == lo:
+        return out
+    # every entry adds, those outside this shard a zero into position 0 (no boolean-mask
+    # indexing: a data-dependent shape, a host synchronisation on a GPU)
     coords = []
     for a in range(index.ndim):
         if a == dim:
-            coords.append(local[inside])
+            coords.append(xp.where(inside, local, 0))
             continue
         shape = [1] * index.ndim
         shape[a] = index.shape[a]
         positions = xp.arange(index.shape[a]).reshape(shape)
-        coords.append(xp.broadcast_to(positions, index.shape)[inside])
-    index_add(xp, block, tuple(coords), g[inside])
+        coords.append(xp.broadcast_to(positions, index.shape))
+    index_add(xp, block, tuple(coords), xp.where(inside, g, xp.zeros((), g.dtype)))
     return out
 
 

@@ -102,33 +102,35 @@ def _assign_signatures(layouts, index):
 def _assign_kernel(xp, x, v, index, ctx):
     """``x`` with the selected elements inside this shard's region replaced by the matching
     elements of ``v``: per input dim, the selected global positions that fall in the region
-    and, along ``v``'s dim, where they sit in the selection."""
+    and, along ``v``'s dim, where they sit in the selection. The positions follow from the
+    index alone: they are computed on the host (NumPy) and index the shards as they are (a
+    device takes host integer indices without a synchronisation)."""
     out = x.copy()
     x_region, v_region = ctx.in_region(0), ctx.in_region(1)
     x_pos, v_pos, d, j = [], [], 0, 0
     for e in index:
         if e[0] == NEW:
-            v_pos.append(xp.zeros(1, dtype=np.int64))
+            v_pos.append(np.zeros(1, dtype=np.int64))
             j += 1
             continue
         lo, hi = x_region[d]
         if e[0] == INT:
-            chosen = xp.asarray([e[1]])
+            chosen = np.asarray([e[1]])
         elif e[0] == ALL:
-            chosen = xp.arange(lo, hi)
+            chosen = np.arange(lo, hi)
         else:
-            chosen = xp.arange(e[1], e[2], e[3])
+            chosen = np.arange(e[1], e[2], e[3])
         inside = (chosen >= lo) & (chosen < hi)
         x_pos.append(chosen[inside] - lo)
         if e[0] != INT:
-            rank_in_selection = chosen if e[0] == ALL else xp.arange(chosen.shape[0])
+            rank_in_selection = chosen if e[0] == ALL else np.arange(chosen.shape[0])
             v_pos.append(rank_in_selection[inside] - v_region[j][0])
             j += 1
         d += 1
     if any(p.shape[0] == 0 for p in x_pos):
         return out
-    values = v[xp.ix_(*v_pos)] if v_pos else v
-    out[xp.ix_(*x_pos)] = values.reshape(tuple(p.shape[0] for p in x_pos))
+    values = v[np.ix_(*v_pos)] if v_pos else v
+    out[np.ix_(*x_pos)] = values.reshape(tuple(p.shape[0] for p in x_pos))
     return out
 
 

@@ -26,6 +26,7 @@ from ..dispatch import as_tensor
 from ..registry import OPS
 from ._rules import (B, P, S, defop, reduced, row_stats_comm, sig, transposed_signatures,
                      widen, widened)
+from ._checks import check_where
 from .embedding import check_int
 
 __all__ = ["pick", "softmax_cross_entropy"]
@@ -42,14 +43,13 @@ def last_dim_add(xp, out, index, values):
     return out
 
 
-def _check_targets(opname, index, size, ignore_index):
+def _check_targets(xp, opname, index, size, ignore_index):
     """Targets must lie in [0, size) unless they equal ``ignore_index``."""
     if ignore_index is None or not index.size:
         return
     bad = ((index < 0) | (index >= size)) & (index != ignore_index)
-    if bool(bad.any()):
-        raise ValueError(f"{opname}: target ids must lie in [0, {size}) or equal ignore_index "
-                         f"{ignore_index}, got {int(index[bad].reshape(-1)[0])}")
+    check_where(xp, (opname, size, ignore_index), bad, index, lambda v, _: f"{opname}: target "
+                f"ids must lie in [0, {size}) or equal ignore_index {ignore_index}, got {v}")
 
 
 # ----------------------------------------------------------------------------- pick
@@ -83,7 +83,7 @@ def _positions(xp, index, lo, hi):
 
 
 def _pick_kernel(xp, x, index, ctx, ignore_index=None):
-    _check_targets("pick", index, ctx.in_layouts[0].shape[-1], ignore_index)
+    _check_targets(xp, "pick", index, ctx.in_layouts[0].shape[-1], ignore_index)
     lo, hi = ctx.in_region(0)[-1]
     if hi == lo:
         return xp.zeros(index.shape, dtype=x.dtype)
@@ -138,9 +138,11 @@ def _ce_meta(layouts, ignore_index):
 
 
 def _ce_parts(xp, logits, target, ignore_index):
-    _check_targets("cross_entropy", target, logits.shape[-1], ignore_index)
+    _check_targets(xp, "cross_entropy", target, logits.shape[-1], ignore_index)
     logits = widen(xp, logits)  # float16: the log-sum-exp in float32
-    valid = target != ignore_index
+    # out-of-range targets raised above on the host; on a device they raise at the next
+    # explicit transfer and count as ignored until then (never an out-of-bounds read)
+    valid = (target != ignore_index) & (target >= 0) & (target < logits.shape[-1])
     z = logits - xp.max(logits, axis=-1, keepdims=True)
     e = xp.exp(z)
     s = xp.sum(e, axis=-1, keepdims=True)

@@ -38,7 +38,7 @@ from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig
 from .embedding import check_int
 from .embedding import index_add as add_at
-from .selection import index_range
+from ._checks import check_range
 
 __all__ = ["scatter", "scatter_add", "take_along_dim", "scatter_targets", "scatter_signatures",
            "multiply_at"]
@@ -80,11 +80,8 @@ def scatter_targets(xp, opname: str, index, dim: int, ctx):
     """The local positions (a tuple of coordinate arrays) the index elements inside this
     shard's part of the output write to, and which index elements those are (a mask)."""
     size = ctx.out_layouts[0].shape[dim]
-    if index.size:
-        lo, hi = index_range(xp, index)
-        if lo < 0 or hi >= size:
-            raise ValueError(f"{opname}: argument 'index' must hold values in [0, {size}), "
-                             f"got values in [{lo}, {hi}]")
+    check_range(xp, opname, index, size, lambda lo, hi: f"{opname}: argument 'index' must "
+                f"hold values in [0, {size}), got values in [{lo}, {hi}]")
     x_region, index_region = ctx.out_region(0), ctx.in_region(1)
     coords, inside = [], xp.ones(index.shape, dtype=bool)
     for a in range(index.ndim):

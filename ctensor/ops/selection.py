@@ -41,10 +41,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..arrays import is_host
 from ..dispatch import as_tensor
 from ..errors import MetaModeError
 from ..registry import OPS
 from ..tensor import Tensor
+from ._checks import check_range
 from ._rules import B, P, S, defop, norm_dim, sig
 from .embedding import index_add as add_at
 from .index_parse import IndexOutOfRangeError
@@ -56,16 +58,18 @@ __all__ = ["index_select", "index_add", "index_copy", "index_fill", "nonzero", "
 # ----------------------------------------------------------------------------- helpers
 def normalized_index(xp, opname: str, index, size: int):
     """``index`` with negative entries counted from the end; ``IndexOutOfRangeError``
-    naming the op for an entry outside ``[-size, size)``. (On a GPU the range is one small
-    device-to-host read per call, like gather's and embedding's check.)"""
-    if index.size:
-        lo, hi = index_range(xp, index)
-        if lo < -size or hi >= size:
-            raise IndexOutOfRangeError(f"{opname}: index holds values in [{lo}, {hi}], out of "
-                                       f"range for a dim of size {size}; accepted: "
-                                       f"{-size}..{size - 1}")
-        if lo < 0:
-            index = xp.where(index < 0, index + size, index)
+    naming the op for an entry outside ``[-size, size)``. (On a GPU the range check is a
+    device-side check raised at the next explicit transfer, ``ops/_checks.py``, and bad
+    entries are clipped until then: no host read.)"""
+    if not index.size:
+        return index
+    check_range(xp, opname + " index", index, size, lambda lo, hi: f"{opname}: index holds "
+                f"values in [{lo}, {hi}], out of range for a dim of size {size}; accepted: "
+                f"{-size}..{size - 1}", low_end=-size, error=IndexOutOfRangeError)
+    if not is_host(index):
+        return xp.clip(xp.where(index < 0, index + size, index), 0, size - 1)
+    if index.min() < 0:
+        return xp.where(index < 0, index + size, index)
     return index
 
 
@@ -131,10 +135,13 @@ def _select_kernel(xp, x, index, dim, ctx):
     inside = (local >= 0) & (local < hi - lo)
     shape = list(x.shape)
     shape[dim] = index.shape[0]
-    out = xp.zeros(tuple(shape), dtype=x.dtype)
-    if hi > lo:
-        _moved(xp, out, dim)[inside] = _moved(xp, x, dim)[local[inside]]
-    return out
+    if hi == lo:
+        return xp.zeros(tuple(shape), dtype=x.dtype)
+    # every index takes a row (those outside this shard row 0), zeroed where outside: no
+    # boolean mask (a data-dependent shape, a host synchronisation on a GPU)
+    picked = xp.take(x, xp.where(inside, local, 0), axis=dim)
+    keep = inside.reshape((-1,) + (1,) * (x.ndim - 1 - dim))
+    return xp.where(keep, picked, xp.zeros((), dtype=x.dtype))
 
 
 def _select_backward(ctx, g):
@@ -198,14 +205,31 @@ def _put_kernel(opname: str, additive: bool):
         out = x.copy()
         local = index - lo
         inside = (local >= 0) & (local < hi - lo)
-        rows = _moved(xp, source, dim)[inside]
-        if additive:
-            add_at(xp, _moved(xp, out, dim), local[inside], rows * alpha if alpha != 1
-                   else rows)
-        else:
-            _moved(xp, out, dim)[local[inside]] = rows
+        rows = _moved(xp, source, dim)
+        rows = rows * alpha if additive and alpha != 1 else rows
+        _put_rows(xp, _moved(xp, out, dim), local, inside, rows, additive)
         return out
     return kernel
+
+
+def _put_rows(xp, target, local, inside, rows, additive: bool) -> None:
+    """``target[local] (+)= rows`` for the rows ``inside`` this shard (``target`` a view)."""
+    if is_host(local):
+        if additive:
+            add_at(xp, target, local[inside], rows[inside])
+        else:
+            target[local[inside]] = rows[inside]
+        return
+    # on a device no boolean mask (a data-dependent shape, a host synchronisation): the rows
+    # outside this shard land in a scratch row after the last one, then dropped
+    n = target.shape[0]
+    ext = xp.concatenate([target, xp.zeros((1,) + tuple(target.shape[1:]), target.dtype)])
+    pos = xp.where(inside, local, n)
+    if additive:
+        add_at(xp, ext, pos, rows)
+    else:
+        ext[pos] = rows
+    target[...] = ext[:n]
 
 
 def _put_front(opname: str, op, x, dim, index, source, **attrs):
