@@ -16,9 +16,12 @@ __all__ = ["clip_grad_norm_", "clip_grad_value_", "checkpoint", "is_recomputing"
 
 
 def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm: float,
-                    norm_type: float = 2.0, error_if_nonfinite: bool = False) -> ct.Tensor:
+                    norm_type: float = 2.0, error_if_nonfinite: bool = False,
+                    foreach=None) -> ct.Tensor:
     """Scale the gradients in place so that their joint ``norm_type``-norm is at most
-    ``max_norm``; return the norm before clipping (a 0-d tensor, like PyTorch).
+    ``max_norm``; return the norm before clipping (a 0-d tensor, like PyTorch). Replicated
+    gradients of one layout take a multi-tensor path (``foreach=False``: never), with the
+    same bits.
 
     >>> loss.backward()
     >>> total = nn.utils.clip_grad_norm_(model.parameters(), max_norm=1.0)
@@ -36,6 +39,11 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
                          f"{norm_type!r}")
     if not grads:
         return ct.zeros(())
+    if foreach is not False and not error_if_nonfinite:  # one pass over the shards, same bits
+        from ctensor.optim.foreach import clip_grad_norm
+        total = clip_grad_norm(grads, max_norm, norm_type)
+        if total is not None:
+            return total
     home = grads[0].placement
     replicated = (ct.sbp.broadcast,) * home.ndim
     with ct.no_grad():

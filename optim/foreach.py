@@ -169,3 +169,53 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
             views.append(s[n])
         cache.views[n] = views
     return cache
+
+
+def clip_grad_norm(grads: list, max_norm, norm_type: float):
+    """``nn.utils.clip_grad_norm_``'s multi-tensor path: the 2-norm of replicated
+    gradients of one placement, SBP and floating dtype from their local shards, and the
+    scale applied in place (on the bucket's flat buffer when the gradients are views of
+    it). The same kernels in the same order as the per-gradient ops (``abs``, ``pow``,
+    ``sum``, the running ``add``, ``pow``, ``add``, ``div``, ``clamp``, ``mul``), so the same
+    bits, without dispatching seven ops per gradient. Returns the norm (a 0-d tensor) or
+    None when it does not apply (another norm, split, partial or shape-only gradients)."""
+    layout = grads[0]._layout if grads else None
+    if norm_type != 2.0 or layout is None or layout.dtype.kind != "f" or \
+            type(grads[0]._shards) is MetaBuffer or \
+            any(not isinstance(s, ct.sbp.Broadcast) for s in layout.sbp):
+        return None
+    for g in grads:
+        gl = g._layout
+        if gl.placement != layout.placement or gl.sbp != layout.sbp or \
+                gl.dtype != layout.dtype or type(g._shards) is MetaBuffer:
+            return None
+    dtype = layout.dtype
+    totals, coefs = {}, {}
+    for rank, s0 in grads[0]._shards.items():
+        xp = array_module(s0)
+        two = xp.asarray(2.0, dtype)
+        total = None
+        for g in grads:
+            a = g._shards[rank]
+            part = xp.power(xp.abs(a), two).sum(axis=tuple(range(a.ndim)))
+            total = part if total is None else xp.add(total, part)
+        total = xp.power(total, xp.asarray(1.0 / 2.0, dtype))
+        coef = xp.divide(xp.asarray(max_norm, dtype), xp.add(total, xp.asarray(1e-6, dtype)))
+        one = xp.asarray(1.0, dtype)
+        totals[rank] = xp.asarray(total, dtype)
+        coefs[rank] = xp.where(coef > one, one, coef)
+    for rank, coef in coefs.items():  # (after every rank's norm: ranks may share arrays)
+        shards = [g._shards[rank] for g in grads]
+        flat = _consecutive(shards) if array_module(shards[0]) is np else None
+        if flat is not None and all(a.flags.writeable for a in shards):
+            flat *= coef
+            continue
+        for g in grads:
+            a = g._shards[rank]
+            if isinstance(a, np.ndarray) and not a.flags.writeable:
+                a = g._shards[rank] = a.copy()
+            a *= coef
+    for g in grads:
+        g._version.value += 1
+    from ctensor.layout import Layout
+    return Tensor(Layout((), dtype, layout.placement, layout.sbp), totals)

@@ -574,3 +574,25 @@ def test_foreach_argument_is_checked():
         p = nn.Parameter(ct.zeros(2))
         with pytest.raises(ValueError, match="argument 'foreach'"):
             optim.AdamW([p], foreach="yes")
+
+
+@pytest.mark.parametrize("max_norm", [1e-3, 1e3])
+def test_clip_grad_norm_foreach_is_the_per_gradient_clip_bit_for_bit(mesh, max_norm):
+    results = []
+    for foreach in (False, None):
+        ct.manual_seed(0)
+        model = nn.Sequential(nn.Linear(6, 8), nn.GELU(), nn.Linear(8, 3))
+        model.to_global(mesh, (ct.sbp.broadcast,) * mesh.ndim)
+        sbp = (ct.sbp.split(0),) + (ct.sbp.broadcast,) * (mesh.ndim - 1)
+        x = ct.tensor(np.linspace(-1, 1, 12 * 6, dtype=np.float32).reshape(12, 6),
+                      placement=mesh, sbp=sbp)
+        (model(x) ** 2).mean().backward()
+        versions = [p.grad._version.value for p in model.parameters()]
+        total = nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=foreach)
+        assert [p.grad._version.value for p in model.parameters()] != versions
+        assert total.placement == mesh and total.dtype == np.float32 and total.shape == ()
+        results.append((total.numpy(), [p.grad.numpy() for p in model.parameters()]))
+    (t0, g0), (t1, g1) = results
+    np.testing.assert_array_equal(t0, t1)
+    for a, b in zip(g0, g1):
+        np.testing.assert_array_equal(a, b)

@@ -17,14 +17,14 @@ from conftest import MPI_MODE, world
 COLUMNS = profile_module.COLUMNS
 
 
-def _train(steps: int, prof=None):
+def _train(steps: int, prof=None, foreach=False):
     """A data-parallel MLP over every rank of the world: forward, backward (one bucket),
     clip inside the optimizer phase, AdamW."""
     pl = ct.placement("cpu", list(range(ct.world_size())))
     ct.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
     model.to_global(pl, (ct.sbp.broadcast,))
-    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, foreach=foreach)  # (False: one op each)
     x = ct.randn(8, 16, placement=pl, sbp=(ct.sbp.split(0),))
     losses = []
     for _ in range(steps):
@@ -54,8 +54,7 @@ def test_columns_add_up_and_name_the_work():
         if MPI_MODE:  # real collectives: time inside MPI, and in the members' agreement
             assert totals["collectives"] > 0 and totals["waiting"] > 0
         names = {e[0] for e in prof.events}
-        assert {"matmul_t", "fused_adam", "backward", "optimizer"} <= names or \
-            {"fused_adam", "backward", "optimizer"} <= names, sorted(names)
+        assert {"fused_adam", "backward", "optimizer"} <= names, sorted(names)
         kernels = {COLUMNS[e[1]] for e in prof.events if e[0] == "fused_adam"}
         assert "optimizer" in kernels  # an optimizer kernel is charged to the optimizer
         assert prof.steps == 3
@@ -88,10 +87,11 @@ def test_chrome_trace_one_row_per_rank():
 
 def test_same_numbers_with_and_without_profile():
     with world(2):
-        plain = _train(3)
-        with ct.debug.profile():
-            profiled = _train(3)
+        plain = _train(3, foreach=None)
+        with ct.debug.profile() as prof:
+            profiled = _train(3, foreach=None)
         assert plain == profiled
+        assert prof.totals[COLUMNS.index("optimizer")] > 0  # the multi-tensor update too
 
 
 def test_max_events_bounds_the_trace_not_the_table():

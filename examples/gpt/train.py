@@ -110,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_checkpoint_options(p)
     p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--profile", metavar="TRACE.json",
+                   help="profile the steps after the first two (ct.debug.profile): print "
+                        "where their time goes per rank and write a Chrome trace here")
     add_memory_options(p)
     p.add_argument("--track-memory", action="store_true",
                    help="count bytes of shards per rank (ct.debug.memory) and report peaks")
@@ -267,7 +270,10 @@ def main(a) -> list:
     loss_fn = memory.loss_fn(
         lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
     t_start = time.perf_counter()
+    prof = ct.debug.profile() if a.profile else None
     for step in range(start_step, a.steps):
+        if prof is not None and step == min(start_step + 2, a.steps - 1):
+            prof.__enter__()  # (after the warm-up steps: plans, caches, connections)
         t0 = time.perf_counter()
         xb, yb = corpus.batch(rng, a.global_batch, a.seq_len)
         xs = [ct.tensor(xb[m * micro:(m + 1) * micro], placement=first, sbp=batch_sbp)
@@ -278,10 +284,13 @@ def main(a) -> list:
         loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule,
                              num_model_chunks=a.virtual_stages,
                              timeline=timeline) / memory.loss_scale()
-        memory.step(optimizer, params, a.clip)  # clip, then step (skipped on fp16 overflow)
-        optimizer.zero_grad()
+        with ct.debug.profile.phase("optimizer"):  # (the clip is the optimizer's too)
+            memory.step(optimizer, params, a.clip)  # clip, then step (skipped on fp16 overflow)
+            optimizer.zero_grad()
         scheduler.step()
         dt = time.perf_counter() - t0
+        if prof is not None and ct.profile.on:
+            prof.step()
         tokens_per_s = a.global_batch * a.seq_len / dt
         history.append(loss)
         if log_file:
@@ -294,6 +303,13 @@ def main(a) -> list:
         checkpoints.periodic(step + 1, lambda: training_state(
             gpt, optimizer, scheduler, memory, rng, step + 1))
     elapsed = time.perf_counter() - t_start
+    if prof is not None and ct.profile.on:
+        prof.__exit__(None, None, None)
+        table = prof.table()  # (collective: every rank)
+        prof.export_chrome_trace(a.profile)
+        if rank0:
+            print(table)
+            print(f"Chrome trace written to {a.profile} (chrome://tracing or ui.perfetto.dev)")
     if bar is not None:
         bar.close()
     peak_mib = peak_memory_per_rank()
