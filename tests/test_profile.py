@@ -123,3 +123,29 @@ def test_phase_without_profile_is_a_no_op():
     with ct.debug.profile.phase("optimizer"):
         x = ct.tensor(np.ones(3)) * 2
     assert x.numpy().tolist() == [2.0, 2.0, 2.0]
+
+
+def test_train_py_profile_prints_the_table_and_writes_the_trace(capsys):
+    import importlib.util
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py"
+    spec = importlib.util.spec_from_file_location("gpt_train_profile", script)
+    train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train)
+    d = os.environ.get("CTENSOR_TEST_TMP") or tempfile.mkdtemp()
+    path = os.path.join(d, "train_profile.json")
+    args = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
+            "--global-batch", "4", "--steps", "4", "--no-progress", "--profile", path]
+    if MPI_MODE:
+        if ct.world_size() != 2:
+            pytest.skip("needs exactly 2 ranks")
+        args += ["--dp", "2"]
+    else:
+        args += ["--dp", "2", "--simulate", "2"]
+    plain = train.run([a for a in args if a not in ("--profile", path)])
+    assert train.run(args) == plain  # the profile changes no number
+    out = capsys.readouterr().out
+    if ct.rank() == 0:
+        assert "step profile (ms per step; 2 steps" in out and "optimizer" in out
+        with open(path) as f:
+            assert json.load(f)["traceEvents"]

@@ -276,10 +276,13 @@ def main(a) -> list:
             prof.__enter__()  # (after the warm-up steps: plans, caches, connections)
         t0 = time.perf_counter()
         xb, yb = corpus.batch(rng, a.global_batch, a.seq_len)
-        xs = [ct.tensor(xb[m * micro:(m + 1) * micro], placement=first, sbp=batch_sbp)
-              for m in range(a.micro_batches)]
-        ys = [ct.tensor(yb[m * micro:(m + 1) * micro], placement=last, sbp=batch_sbp)
-              for m in range(a.micro_batches)]
+        # every rank draws the same batch from the same seeded generator: ct.tensor checks
+        # that on the first step only (the check is a collective, and ranks wait at it)
+        with ct.debug.check_tensor_data(step == start_step):
+            xs = [ct.tensor(xb[m * micro:(m + 1) * micro], placement=first, sbp=batch_sbp)
+                  for m in range(a.micro_batches)]
+            ys = [ct.tensor(yb[m * micro:(m + 1) * micro], placement=last, sbp=batch_sbp)
+                  for m in range(a.micro_batches)]
         timeline = step_timeline(a, step)
         loss = pipeline_step(stages, xs, loss_fn, ys, kind=a.schedule,
                              num_model_chunks=a.virtual_stages,
