@@ -2,7 +2,8 @@
 
 Writes the ``cpu`` table of ``ctensor/devices.toml`` (or of ``--output PATH``), the one the
 signature choice prices ``"cpu"`` placements with and ``ct.plan`` prices a CPU step with
-(:mod:`ctensor.cost`). One BLAS thread per rank, as the benchmarks run. It measures, each as
+(:mod:`ctensor.cost`). It measures in a fresh process with one BLAS thread per rank, as
+the benchmarks run. It measures, each as
 the median of repeats:
 
 * ``peak_flops_fp32`` / ``peak_flops``: a float32 / float16 NumPy GEMM (``--gemm`` sizes);
@@ -33,10 +34,7 @@ import sys
 import time
 from dataclasses import replace
 
-for _name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_name, "1")
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 __all__ = ["measure", "write_table", "main"]
 
@@ -188,8 +186,9 @@ _ORDER = ["peak_flops", "peak_flops_fp32", "memory_bytes", "memory_bandwidth",
 def write_table(path: str, name: str, table: dict, note: str = "") -> None:
     """Replace (or append) the ``[name]`` table of the TOML file ``path``, keeping the rest
     of the file (comments included) as it is."""
-    body = [f'["{name}"]'] + [f"{k} = {int(table[k]) if k == 'memory_bytes' else repr(float(table[k]))}"
-                              for k in _ORDER if k in table]
+    def value(k):
+        return str(int(table[k])) if k == "memory_bytes" else repr(float(table[k]))
+    body = [f'["{name}"]'] + [f"{k} = {value(k)}" for k in _ORDER if k in table]
     text = open(path).read() if os.path.exists(path) else ""
     header = re.compile(r'^\[\s*"?' + re.escape(name) + r'"?\s*\]\s*$', re.M)
     found = header.search(text)
@@ -223,6 +222,18 @@ def main(argv=None) -> dict:
     p.add_argument("--mpi-bytes", type=int, default=32 << 20, help=argparse.SUPPRESS)
     p.add_argument("--mpi-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if not os.environ.get("CTENSOR_CALIBRATE_CHILD"):
+        # NumPy (imported with ctensor, before this module) has started its BLAS threads
+        # already: measure in a fresh process with one BLAS thread per rank
+        env = dict(os.environ, CTENSOR_CALIBRATE_CHILD="1", OPENBLAS_NUM_THREADS="1",
+                   OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        args = sys.argv[1:] if argv is None else list(argv)
+        done = subprocess.run([sys.executable, "-m", "ctensor.calibrate", *args], env=env)
+        if done.returncode:
+            raise SystemExit(done.returncode)
+        if a.dry_run:
+            return {}
+        return cost.load_devices(a.output)[a.name]  # this process prices with it too
     if a.mpi_worker:
         mpi_worker(a.mpi_bytes, a.repeats or 15)
         return {}

@@ -1,0 +1,202 @@
+"""The one cost model (``ctensor/cost.py``): its formulas, its device tables, and that the
+signature choice, boxing and ``ct.plan`` all price with it (issue 22 item 4); the
+calibration command's table writer; the predict-then-measure benchmark's predictions."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+from ctensor import cost
+from conftest import MPI_MODE
+
+ROOT = Path(__file__).resolve().parent.parent
+S0, B, P = ct.sbp.split(0), ct.sbp.broadcast, ct.sbp.partial_sum
+sim_only = pytest.mark.skipif(MPI_MODE, reason="shape-only worlds run in one process")
+
+
+def _layout(t):
+    """A tensor's :class:`~ctensor.layout.Layout`."""
+    return t.layout if hasattr(type(t), "layout") else t._layout
+
+DEV = cost.Device("test", peak_flops=2e12, peak_flops_fp32=1e12, memory_bytes=2 ** 30,
+                  memory_bandwidth=1e11, intra_bandwidth=1e10, inter_bandwidth=1e9,
+                  intra_latency=1e-6, inter_latency=5e-6, call_overhead=3e-6,
+                  op_overhead=2e-6, efficiency=0.5)
+
+
+# ----------------------------------------------------------------------------- formulas
+@pytest.mark.parametrize("kind, k, steps, sent", [
+    ("all_reduce", 4, 2, 1.5), ("all_reduce", 2, 1, 1.0), ("all_gather", 8, 3, 7 / 8),
+    ("reduce_scatter", 3, 2, 2 / 3), ("all_to_all", 4, 3, 0.75), ("broadcast", 5, 3, 1.0),
+    ("send_recv", 2, 1, 1.0)])
+def test_collective_is_alpha_beta_per_step(kind, k, steps, sent):
+    assert cost.steps(kind, k) == steps and cost.sent(kind, k) == pytest.approx(sent)
+    n = 1 << 20
+    assert cost.collective(kind, k, n, DEV) == pytest.approx(3e-6 + steps * 1e-6 + sent * n / 1e10)
+    # across nodes: the network's bandwidth per rank of the group on a node, at most NVLink's
+    assert cost.collective(kind, k, n, DEV, intra=False, ranks_per_node=2) == \
+        pytest.approx(3e-6 + steps * 5e-6 + sent * n / 2e9)
+    assert cost.collective(kind, k, n, DEV, intra=False, ranks_per_node=64) == \
+        pytest.approx(3e-6 + steps * 5e-6 + sent * n / 1e10)
+
+
+def test_collective_edges_and_errors():
+    assert cost.collective("all_reduce", 1, 1e9, DEV) == 0.0  # one rank: nothing moves
+    with pytest.raises(ValueError, match="unknown collective"):
+        cost.collective("all_sum", 2, 8, DEV)
+    with pytest.raises(ValueError, match="unknown collective"):
+        cost.collective("all_sum", 1, 8, DEV)
+
+
+def test_compute_is_a_roofline_over_efficiency():
+    assert cost.compute(DEV, 1e8) == pytest.approx(1e8 / 1e11 / 0.5)  # memory-bound
+    assert cost.compute(DEV, 1e3, flops=1e12) == pytest.approx(1.0 / 0.5)  # float32 peak
+    assert cost.compute(DEV, 1e3, flops=1e12, itemsize=2) == pytest.approx(0.5 / 0.5)
+    assert cost.dispatch(DEV, 10) == pytest.approx(2e-5)
+
+
+@sim_only
+def test_kernel_seconds_of_a_matmul():
+    from ctensor.registry import OPS
+    with ct.simulate(2):
+        p = ct.placement("cpu", [0, 1])
+        x = ct.zeros(64, 32, placement=p, sbp=S0)
+        w = ct.zeros(32, 16, placement=p, sbp=B)
+        y = x @ w
+        matmul = OPS.record("matmul").opdef
+        ins, outs = (_layout(x), _layout(w)), (_layout(y),)
+        flops, nbytes = cost.kernel_work(matmul, ins, outs, {})
+    assert flops == 2 * 32 * 32 * 16  # the largest shard: 32 rows
+    assert nbytes == 4 * (32 * 32 + 32 * 16 + 32 * 16)
+    seconds = cost.kernel_seconds(matmul, ins, outs, {}, DEV)
+    assert seconds == pytest.approx(2e-6 + cost.compute(DEV, nbytes, flops))
+
+
+# ----------------------------------------------------------------------------- device tables
+def test_the_choice_prices_with_the_device_tables():
+    assert cost.machine("cpu") == ct.plan.device("cpu")
+    assert cost.machine("cuda") == ct.plan.device("cuda")
+    with pytest.raises(ValueError, match="'kind' must be one of"):
+        cost.machine("tpu")
+    before = cost.machine("cpu")
+    try:
+        assert cost.set_machine("cpu", intra_bandwidth=1e12).intra_bandwidth == 1e12
+        assert cost.machine("cpu").op_overhead == before.op_overhead
+        with cost.using("cpu", "a100-80gb") as dev:
+            assert dev.peak_flops == 312e12 and cost.machine("cpu") is dev
+        assert cost.machine("cpu").intra_bandwidth == 1e12  # restored to what it was
+        with pytest.raises(TypeError, match="unknown field"):
+            cost.set_machine("cpu", link_speed=1.0)
+        with pytest.raises(ValueError, match="positive number"):
+            cost.set_machine("cpu", intra_latency=-1.0)
+    finally:
+        cost.set_machine("cpu")
+    assert cost.machine("cpu") == before
+
+
+@sim_only
+def test_set_machine_drops_cached_plans_and_boxing_prices_with_it():
+    with ct.simulate(2):
+        p = ct.placement("cpu", [0, 1])
+        x = ct.zeros(1024, placement=p, sbp=P)
+        from ctensor import boxing
+        src = _layout(x)
+        dst = src.with_sbp((B,))
+        base = boxing.cost(src, dst)
+        assert base == pytest.approx(cost.collective("all_reduce", 2, 4096, "cpu"))
+        old = cost.machine("cpu").call_overhead
+        try:
+            cost.set_machine("cpu", call_overhead=1.0)
+            assert boxing.cost(src, dst) == pytest.approx(base - old + 1.0)
+        finally:
+            cost.set_machine("cpu")
+
+
+def test_device_tables_take_the_optional_keys(tmp_path):
+    path = tmp_path / "mine.toml"
+    path.write_text('["mine"]\npeak_flops = 1e12\npeak_flops_fp32 = 5e11\nmemory_bytes = 1e10\n'
+                    'memory_bandwidth = 1e11\nintra_bandwidth = 1e10\ninter_bandwidth = 1e9\n'
+                    'intra_latency = 1e-6\ninter_latency = 2e-6\nop_overhead = 3e-5\n')
+    dev = ct.plan.load_devices(str(path))["mine"]
+    assert dev.op_overhead == 3e-5 and dev.call_overhead == 0.0
+    assert dev.efficiency == cost.EFFICIENCY
+    path.write_text(path.read_text().replace("op_overhead = 3e-5", "efficiency = -1"))
+    with pytest.raises(ValueError, match="efficiency must be a positive number"):
+        ct.plan.load_devices(str(path))
+
+
+def test_one_formula_one_sent_table():
+    import ctensor.plan as plan
+    assert not hasattr(plan, "_SENT")  # ct.plan prices with cost.py's
+
+
+# ----------------------------------------------------------------------------- ct.plan
+@sim_only
+def test_plan_prices_collectives_and_views_through_the_cost_model():
+    dev = ct.plan.device("cpu")
+    with ct.simulate(4, meta=True), ct.plan.record() as trace:
+        p = ct.placement("cpu", [0, 1, 2, 3])
+        x = ct.zeros(256, 64, placement=p, sbp=P)
+        y = x.to_global(sbp=B)
+        y.reshape(64, 256)
+    (c,) = trace.comms.values()
+    assert c.collective == "all_reduce" and c.group_size == 4
+    assert ct.plan.comm_seconds(c, dev, 8) == cost.collective("all_reduce", 4, c.nbytes, dev)
+    # 4 ranks on nodes of 2: across nodes, 2 ranks of the group per node
+    assert ct.plan.comm_seconds(c, dev, 2) == cost.collective(
+        "all_reduce", 4, c.nbytes, dev, intra=False, ranks_per_node=2)
+    views = [w for w in trace.ops.values() if w.view]
+    assert views and all(w.flops == 0 and w.nbytes == 0 for w in views)
+    unfused = ct.plan.op_seconds(trace, dev, fused=False)
+    expected = sum(cost.dispatch(dev, w.count) + (0 if w.view else cost.compute(
+        dev, w.nbytes, w.flops, w.dtype.itemsize)) for w in trace.ops.values())
+    assert sum(unfused.values()) == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------- calibration
+def test_write_table_replaces_one_table_and_keeps_the_rest(tmp_path):
+    from ctensor.calibrate import write_table
+    path = tmp_path / "devices.toml"
+    path.write_text('# my notes\n["gpu"]\npeak_flops = 1.0\n\n["cpu"]\npeak_flops = 2.0\n'
+                    '\n# after\n["other"]\npeak_flops = 3.0\n')
+    table = {k: 1.5 for k in ("peak_flops", "peak_flops_fp32", "memory_bandwidth",
+                              "intra_bandwidth", "inter_bandwidth", "intra_latency",
+                              "inter_latency", "call_overhead", "op_overhead", "efficiency")}
+    table["memory_bytes"] = 1024
+    write_table(str(path), "cpu", table, "measured now")
+    write_table(str(path), "cpu", table, "measured again")  # replaces, does not pile up
+    text = path.read_text()
+    assert text.count('["cpu"]') == 1 and text.count("# measured") == 1
+    assert "# my notes" in text and "# after" in text and 'peak_flops = 3.0' in text
+    import tomllib
+    assert tomllib.loads(text)["cpu"] == {**table, "memory_bytes": 1024}
+
+
+@sim_only
+def test_calibration_measures_positive_figures():
+    from ctensor.calibrate import measure
+    table = measure(quick=True, mpi=False, repeats=2)
+    for key in ("peak_flops_fp32", "memory_bandwidth", "op_overhead"):
+        assert table[key] > 0 and math.isfinite(table[key])
+    assert table["efficiency"] == 1.0
+
+
+# ----------------------------------------------------------------------------- benchmark
+@sim_only
+def test_predictions_of_the_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import predict
+        a = predict.parse_args(["--quick"])
+        one = predict.predict_gpt(a, ["--dp", "1"])
+        tp = predict.predict_gpt(a, ["--dp", "1", "--tp", "2", "--sp"])
+        block = predict.predict_block(a)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert 0 < one < 10 and 0 < tp < 10 and 0 < block < 10
+    assert np.isfinite([one, tp, block]).all()
