@@ -101,7 +101,7 @@ class _Host1:
 
 def _nccl_one():
     from ctensor.comm.nccl import NCCLCommunicator
-    return NCCLCommunicator(_Host1(), share_id=lambda group, make: make(),
+    return NCCLCommunicator(_Host1(), share_id=lambda group, make, purpose: make(),
                             single_rank_copies=False)
 
 

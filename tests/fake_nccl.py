@@ -3,6 +3,12 @@ CPU: threads play the ranks, device pointers are host addresses (``arr.ctypes.da
 transfer is a ``memmove``. Collectives meet at a barrier; grouped send/recv are posted and
 then completed at ``groupEnd`` (sends first), matching each pair's transfers in order, as
 NCCL does. Used by ``tests/test_gpu.py``.
+
+``FakeNccl(asynchronous=True)`` with the strict device module (``tests/strict_device.py``)
+as the communicator's arrays completes like NCCL on a GPU: every call on a stream is
+enqueued there and runs when that stream is waited on (an event) or synchronised, so a
+result read before its event holds stale data and is an ``OrderingError``; a send buffer not
+ordered before the call on its stream is one too.
 """
 from __future__ import annotations
 
@@ -47,7 +53,8 @@ class FakeNccl:
     _DTYPES = ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32",
                "float64"]
 
-    def __init__(self):
+    def __init__(self, asynchronous: bool = False):
+        self.asynchronous = asynchronous
         for i, name in enumerate(self._DTYPES):
             setattr(self, f"NCCL_{name.upper()}", i)
         self.NCCL_SUM, self.NCCL_MAX, self.NCCL_MIN = 100, 101, 102
@@ -75,26 +82,34 @@ class FakeNccl:
             def allReduce(self, send, recv, count, dtype, op, stream):
                 dt = lib._dt(dtype)
                 lib.log.append("allReduce")
-                parts = self._gather(_read(send, count * dt.itemsize).view(dt))
-                _write(recv, lib._reduce(parts, op))
+
+                def run():
+                    parts = self._gather(_read(send, count * dt.itemsize).view(dt))
+                    _write(recv, lib._reduce(parts, op))
+                lib._run(stream, run, reads=[send], writes=[recv])
 
             def allGather(self, send, recv, count, dtype, stream):
                 dt = lib._dt(dtype)
                 lib.log.append("allGather")
-                _write(recv, np.concatenate(self._gather(_read(send, count * dt.itemsize))))
+                lib._run(stream, lambda: _write(recv, np.concatenate(
+                    self._gather(_read(send, count * dt.itemsize)))), reads=[send],
+                         writes=[recv])
 
             def reduceScatter(self, send, recv, count, dtype, op, stream):
                 dt = lib._dt(dtype)
                 lib.log.append("reduceScatter")
-                data = _read(send, count * self.clique.n * dt.itemsize).view(dt)
-                total = lib._reduce(self._gather(data), op)
-                _write(recv, total[self.rank * count:(self.rank + 1) * count])
+
+                def run():
+                    data = _read(send, count * self.clique.n * dt.itemsize).view(dt)
+                    total = lib._reduce(self._gather(data), op)
+                    _write(recv, total[self.rank * count:(self.rank + 1) * count])
+                lib._run(stream, run, reads=[send], writes=[recv])
 
             def send(self, ptr, count, dtype, peer, stream):
-                lib._post(("send", self, ptr, count * lib._dt(dtype).itemsize, peer))
+                lib._post(("send", self, ptr, count * lib._dt(dtype).itemsize, peer, stream))
 
             def recv(self, ptr, count, dtype, peer, stream):
-                lib._post(("recv", self, ptr, count * lib._dt(dtype).itemsize, peer))
+                lib._post(("recv", self, ptr, count * lib._dt(dtype).itemsize, peer, stream))
 
             def destroy(self):
                 pass
@@ -124,14 +139,35 @@ class FakeNccl:
         if self._local.depth == 0:
             ops, self._local.pending = self._local.pending, []
             self.log.append(f"group of {len(ops)}")
-            for kind, comm, ptr, n, peer in ops:  # a group posts everything, then completes
-                if kind == "send":
-                    comm.clique.box(comm.rank, peer).put(_read(ptr, n))
-            for kind, comm, ptr, n, peer in ops:
-                if kind == "recv":
-                    data = comm.clique.box(peer, comm.rank).get(timeout=20)
-                    assert data.nbytes == n, (data.nbytes, n)
-                    _write(ptr, data)
+            if not ops:
+                return
+
+            def run():
+                for kind, comm, ptr, n, peer, _ in ops:  # posts everything, then completes
+                    if kind == "send":
+                        comm.clique.box(comm.rank, peer).put(_read(ptr, n))
+                for kind, comm, ptr, n, peer, _ in ops:
+                    if kind == "recv":
+                        data = comm.clique.box(peer, comm.rank).get(timeout=20)
+                        assert data.nbytes == n, (data.nbytes, n)
+                        _write(ptr, data)
+            streams = {op[5] for op in ops}
+            assert len(streams) == 1, "one NCCL group posted on several streams"
+            self._run(streams.pop(), run, reads=[op[2] for op in ops if op[0] == "send"],
+                      writes=[op[2] for op in ops if op[0] == "recv"])
+
+    def _run(self, stream, fn, reads=(), writes=()):
+        """``fn`` now, or (asynchronous, on a strict device stream) enqueued on ``stream``:
+        its reads checked against the stream's order, its writes stamped on it."""
+        if not (self.asynchronous and stream):
+            fn()
+            return
+        import strict_device as sd
+        for ptr in reads:
+            sd.check_read_ptr(ptr, stream)
+        for ptr in writes:
+            sd.mark_written(ptr, stream)
+        sd.enqueue(sd._STREAMS[stream], fn)
 
     def _post(self, op):
         assert getattr(self._local, "depth", 0) > 0, "send/recv outside a group"
@@ -166,13 +202,18 @@ def run_ranks(ranks, fn):
     return results
 
 
-def nccl_world(size: int, lib: FakeNccl) -> dict:
+def nccl_world(size: int, lib: FakeNccl, xp=None) -> dict:
+    """One communicator per rank on the fake NCCL: NumPy arrays on one stream (``xp``
+    None), or ``xp``'s arrays and streams (the strict device module)."""
     ids: dict = {}
     lock = threading.Lock()
 
-    def share(group, make):
+    def share(group, make, purpose):  # one id per (group, purpose), as the MPI exchange
         with lock:
-            return ids.setdefault(group, make())
+            return ids.setdefault((group, purpose), make())
 
-    return {r: NCCLCommunicator(Host(r, size), nccl=lib, xp=np, stream=lambda: 0,
-                                share_id=share) for r in range(size)}
+    if xp is None:
+        return {r: NCCLCommunicator(Host(r, size), nccl=lib, xp=np, stream=lambda: 0,
+                                    share_id=share) for r in range(size)}
+    return {r: NCCLCommunicator(Host(r, size), nccl=lib, xp=xp, share_id=share)
+            for r in range(size)}

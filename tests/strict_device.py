@@ -35,7 +35,7 @@ import weakref
 import numpy as np
 
 __all__ = ["StrictArray", "HostSyncError", "OrderingError", "COUNTS", "module", "install",
-           "counting", "enqueue", "mark_written"]
+           "counting", "enqueue", "mark_written", "check_read_ptr"]
 
 
 class HostSyncError(RuntimeError):
@@ -216,6 +216,20 @@ def mark_written(ptr: int, stream_ptr: int) -> None:
             del _BY_PTR[addr]
         elif addr <= ptr < addr + max(n, 1):
             _stamp_root(root, _STREAMS[stream_ptr].tick())
+            return
+
+
+def check_read_ptr(ptr: int, stream_ptr: int) -> None:
+    """A buffer (by device address) is read by work on stream ``stream_ptr``: it must have
+    been written on that stream or before an event that stream waited for."""
+    for addr, (n, ref) in list(_BY_PTR.items()):
+        root = ref()
+        if root is not None and addr <= ptr < addr + max(n, 1):
+            stamp = _stamp_of(root)
+            if stamp is not None and not _STREAMS[stream_ptr].knows(stamp):
+                raise OrderingError(f"strict device mode: a buffer written on stream "
+                                    f"{stamp[0]} is read by work on stream {stream_ptr} "
+                                    f"before it waited for an event recorded after that write")
             return
 
 

@@ -337,7 +337,7 @@ def test_fake_nccl_caches_one_communicator_per_group():
 def test_fake_nccl_single_rank_groups_through_nccl():
     lib = FakeNccl()
     comm = NCCLCommunicator(Host(0, 1), nccl=lib, xp=np, stream=lambda: 0,
-                            share_id=lambda g, make: make(), single_rank_copies=False)
+                            share_id=lambda g, make, purpose: make(), single_rank_copies=False)
     x = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(comm.all_reduce((0,), {0: x}, ReduceOp.SUM)[0], x)
     np.testing.assert_array_equal(comm.all_gather((0,), {0: x}, 1, [3])[0], x)
@@ -559,7 +559,7 @@ def test_nccl_world_of_one_on_a_gpu():
     if not ct.cuda.nccl_available():
         pytest.skip("NCCL not loadable (pip install nvidia-nccl-cu12)")
     import cupy
-    comm = NCCLCommunicator(Host(0, 1), share_id=lambda g, make: make(),
+    comm = NCCLCommunicator(Host(0, 1), share_id=lambda g, make, purpose: make(),
                             single_rank_copies=False)
     try:
         x = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)

@@ -253,3 +253,92 @@ def test_gpt_steps_have_no_host_sync_but_the_loss(strict, gpt, config):
     np.testing.assert_allclose(curve, reference, rtol=1e-9, atol=0)
     assert sd.COUNTS["refused"] == 0
     assert sd.COUNTS["d2h"] == len(reference), sd.COUNTS            # the loss of each step
+
+
+# ============================================================================ async NCCL
+def _async_world(size):
+    from fake_nccl import FakeNccl, nccl_world
+    lib = FakeNccl(asynchronous=True)
+    return lib, nccl_world(size, lib, xp=sd.module)
+
+
+def _on_ranks(group, fn):
+    from fake_nccl import run_ranks
+    return run_ranks(group, fn)
+
+
+def test_async_nccl_collectives_match_the_simulator(strict):
+    from ctensor.comm.simulated import SimulatedCommunicator
+    from ctensor.sbp import ReduceOp
+    group, rng = (2, 0, 3), np.random.default_rng(0)
+    even = {r: rng.standard_normal((3, 4)) for r in group}
+    uneven = {r: rng.standard_normal((n, 4)) for r, n in zip(group, (2, 1, 3))}
+    wide = {r: rng.standard_normal((6, 4)) for r in group}
+    calls = [("all_reduce", even, (ReduceOp.SUM,)), ("all_gather", even, (1, [4, 4, 4])),
+             ("all_gather", uneven, (0, [2, 1, 3])),
+             ("reduce_scatter", wide, (ReduceOp.MAX, 0, [2, 1, 3])),
+             ("all_to_all", even, (1, [1, 1, 2], 0, [3, 3, 3]))]
+    _, comms = _async_world(4)
+    sim = SimulatedCommunicator(4)
+    for name, data, args in calls:
+        got = _on_ranks(group, lambda r: getattr(comms[r], name)(
+            group, {r: sd.module.asarray(data[r])}, *args)[r].get())
+        want = getattr(sim, name)(group, data, *args)
+        for r in group:
+            np.testing.assert_array_equal(got[r], want[r], err_msg=f"{name} rank {r}")
+    assert sd.COUNTS["refused"] == 0
+
+
+def test_transfers_and_collectives_of_one_group_run_concurrently(strict):
+    """A started exchange (the group's transfers communicator) and a started all-reduce
+    (its collectives communicator) in flight at once, a blocking all-gather between them:
+    all on each rank's one communication stream in program order, so the two communicators
+    meet in the same order on every rank (no deadlock) and nothing completes before it is
+    waited for."""
+    from ctensor.comm.base import Message
+    from ctensor.sbp import ReduceOp
+    f = np.dtype(np.float64)
+    msgs = [Message(0, 1, 0, (3,), f), Message(1, 0, 0, (2,), f)]
+    payload = {m: np.arange(m.shape[0], dtype=f) + 10 * m.src for m in msgs}
+    _, comms = _async_world(2)
+    xp = sd.module
+
+    def run(r):
+        comm = comms[r]
+        x = xp.asarray(np.full(4, r + 1.0))
+        moving = comm.exchange_start(msgs, {m: xp.asarray(a) for m, a in payload.items()
+                                            if m.src == r})
+        reducing = comm.all_reduce_start((0, 1), {r: x}, ReduceOp.SUM)
+        pending_before = (moving.test(), reducing.test())
+        gathered = comm.all_gather((0, 1), {r: x * 2.0}, 0, [4, 4])[r].get()
+        moved = {m: a.get() for m, a in moving.wait().items()}
+        reduced = reducing.wait()[r].get()
+        streams = {comm._side_stream.ptr}
+        return pending_before, gathered, moved, reduced, streams, set(comm._comms)
+
+    out = _on_ranks((0, 1), run)
+    for r in (0, 1):
+        pending_before, gathered, moved, reduced, _, comms_made = out[r]
+        assert pending_before == (False, False)          # asynchronous until waited on
+        np.testing.assert_array_equal(gathered, [2.0] * 4 + [4.0] * 4)
+        np.testing.assert_array_equal(reduced, [3.0] * 4)
+        for m, a in moved.items():
+            np.testing.assert_array_equal(a, payload[m])
+        assert comms_made == {(0, 1), ("transfers", (0, 1))}
+    assert out[0][4] != out[1][4]                         # one stream per rank, its own
+
+
+def test_a_buffer_not_ordered_before_a_collective_is_an_ordering_error(strict):
+    from ctensor.sbp import ReduceOp
+    _, comms = _async_world(2)
+    xp = sd.module
+
+    def run(r):
+        side = xp.cuda.Stream(non_blocking=True)
+        with side:
+            x = xp.zeros(4) + 1.0                         # made on a stream nobody waits for
+        with pytest.raises(sd.OrderingError, match="before it waited for an event"):
+            comms[r].all_reduce((0, 1), {r: x}, ReduceOp.SUM)
+        return True
+
+    assert all(_on_ranks((0, 1), run).values())

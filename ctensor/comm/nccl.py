@@ -6,8 +6,16 @@
   makes the unique id and sends it to the other members point-to-point over MPI (no MPI
   sub-communicator needed; a member that never comes gives a timeout, one that creates
   another communicator a ``DivergenceError``, never a hang); destroyed at interpreter exit.
-* Collectives are enqueued on the current CuPy stream and never synchronise the host;
-  results are ordered before any later work on that stream.
+* **One ordering discipline for every NCCL call of a rank**: collectives and transfers, of
+  every communicator, are enqueued on the rank's one *communication stream*, in program
+  order. Every rank runs the same program, so operations on different communicators are
+  ordered identically on every rank, as NCCL requires (two communicators in flight on two
+  streams could deadlock). Each call first makes the communication stream wait for the
+  work already on the current (compute) stream (an event), and an event recorded after it
+  orders the result: a blocking call makes the compute stream wait for it at once, a
+  started one (``all_reduce_start``, ``reduce_scatter_start``, ``all_gather_start``,
+  ``exchange_start``) at ``wait()``, so backward compute overlaps gradient reduction. The
+  host never synchronises; buffers stay referenced until their event has passed.
 * NCCL has no ``v`` collectives: uneven all-gather and all-to-all use grouped send/recv
   (``groupStart``/``groupEnd``, exact bytes), uneven reduce-scatter pads every part to the
   largest one. Results equal the MPI backend's. Non-reducing collectives move bytes, so
@@ -171,14 +179,14 @@ class NCCLCommunicator(HostWrapper):
         super().__init__(host)
         self.rank = self.held_ranks[0]
         self._nccl, self._xp, self._stream = nccl, xp, stream
-        # share_id(group, make) -> id: a test's own exchange; None: the MPI one, which also
-        # checks which communicator of the group is made (_share_unique_id)
+        # share_id(group, make, purpose) -> id: a test's own exchange; None: the MPI one,
+        # which also checks which communicator of the group is made (_share_unique_id)
         self._share_id = share_id
         self._single = single_rank_copies
         self._comms: dict = {}
-        self._side_stream = None  # the stream of nonblocking transfers, made on first use
-        # (event, buffers) of transfers on the side stream: the buffers stay referenced until
-        # the event has passed, whether or not anybody waits (CuPy's pool would reuse them)
+        self._side_stream = None  # the communication stream, made on first use
+        # (event, buffers) of calls on the communication stream: the buffers stay referenced
+        # until the event has passed, whether or not anybody waits (CuPy's pool reuses them)
         self._in_flight: list = []
         _live.add(self)
         if not _atexit_registered:
@@ -208,9 +216,10 @@ class NCCLCommunicator(HostWrapper):
 
     def _comm(self, group: Group, purpose: str = "collectives"):
         """The NCCL communicator of ``group`` (its rank i is ``group[i]``) for ``purpose``;
-        cached. Nonblocking transfers get communicators of their own (``"transfers"``):
-        they run on the side stream, and NCCL orders the operations of one communicator
-        only within one stream."""
+        cached. Started exchanges (pipeline transfers) get communicators of their own
+        (``"transfers"``), so a pending exchange and a collective of one group are separate
+        NCCL operations; both go on the one communication stream (module docstring), which
+        orders them the same way on every rank."""
         key = group if purpose == "collectives" else (purpose, group)
         comm = self._comms.get(key)
         if comm is None:
@@ -218,13 +227,14 @@ class NCCLCommunicator(HostWrapper):
             if self._share_id is None:
                 uid = _share_unique_id(self._host, group, lib.get_unique_id, purpose)
             else:
-                uid = self._share_id(group, lib.get_unique_id)
+                uid = self._share_id(group, lib.get_unique_id, purpose)
             comm = lib.NcclCommunicator(len(group), uid, group.index(self.rank))
             self._comms[key] = comm
         return comm
 
     def _side(self):
-        """``(side stream, event type)`` of real CuPy, or None (the CPU fake: one stream)."""
+        """``(communication stream, event type)`` of CuPy, or None (NumPy arrays for the CPU
+        fake: one stream)."""
         xp = self._array_module()
         cuda = getattr(xp, "cuda", None)
         if cuda is None or not hasattr(cuda, "Event"):
@@ -232,6 +242,41 @@ class NCCLCommunicator(HostWrapper):
         if self._side_stream is None:
             self._side_stream = cuda.Stream(non_blocking=True)
         return self._side_stream, cuda.Event
+
+    @contextmanager
+    def _ordered(self, keep: list, started: list):
+        """Post NCCL calls on the communication stream (yields its pointer), after the work
+        on the current stream; ``started`` gets a ``wait()`` that orders the current
+        stream after them (an event; ``None`` where there are no streams)."""
+        side = self._side()
+        if side is None:
+            yield self._stream_ptr()
+            started.append(None)
+            return
+        stream, event = side
+        current = self._array_module().cuda.get_current_stream()
+        ready = event(disable_timing=True)
+        ready.record(current)
+        stream.wait_event(ready)
+        yield stream.ptr
+        done = event(disable_timing=True)
+        done.record(stream)
+        self._in_flight = [(e, b) for e, b in self._in_flight if not e.done]
+        self._in_flight.append((done, keep))
+        started.append(done)
+
+    def _after(self, done, finish: Callable) -> Pending:
+        """A :class:`Pending` whose ``wait()`` orders the current stream after ``done`` and
+        returns ``finish()`` (the post-processing, run on the current stream)."""
+        if done is None:
+            return Pending(finish())
+        xp = self._array_module()
+
+        def wait() -> dict:
+            xp.cuda.get_current_stream().wait_event(done)
+            return finish()
+
+        return Pending(wait=wait, test=lambda: bool(done.done))
 
     def _dtype(self, dtype) -> int:
         return getattr(self._lib(), NCCL_DTYPES[np.dtype(dtype).name])
@@ -262,75 +307,104 @@ class NCCLCommunicator(HostWrapper):
 
     # ------------------------------------------------------------------ collectives
     def all_reduce(self, group, bufs, op):
+        return self.all_reduce_start(group, bufs, op).wait()
+
+    def all_reduce_start(self, group, bufs, op) -> Pending:
+        """:meth:`all_reduce` on the communication stream: returns at once; ``wait()``
+        orders the current stream after it (no host synchronisation)."""
         xp = self._array_module()
         buf = contiguous(self._mine(group, bufs))
         if self._local(group) or buf.size == 0:
-            return {self.rank: buf.copy()}
+            return Pending({self.rank: buf.copy()})
         self._check("all_reduce", group, buf, (op.value,), same_shape=True)
         plan = reduction_plan(buf.dtype, op)
         send = _to_work(buf, plan)
         out = xp.empty_like(send)
-        self._comm(group).allReduce(_ptr(send), _ptr(out), send.size, self._dtype(plan.work),
-                                    self._op(plan.op), self._stream_ptr())
-        return {self.rank: _from_work(out, plan, buf.dtype).reshape(buf.shape)}
+        started: list = []
+        with self._ordered([send, out], started) as stream:
+            self._comm(group).allReduce(_ptr(send), _ptr(out), send.size,
+                                        self._dtype(plan.work), self._op(plan.op), stream)
+        return self._after(started[0], lambda: {
+            self.rank: _from_work(out, plan, buf.dtype).reshape(buf.shape)})
 
     def all_gather(self, group, bufs, dim, sizes):
+        return self.all_gather_start(group, bufs, dim, sizes).wait()
+
+    def all_gather_start(self, group, bufs, dim, sizes) -> Pending:
+        """:meth:`all_gather` on the communication stream (see :meth:`all_reduce_start`)."""
         xp = self._array_module()
         buf = self._mine(group, bufs)
         moved = xp.moveaxis(buf, dim, 0) if dim else buf
         out = xp.empty((sum(sizes),) + tuple(moved.shape[1:]), dtype=buf.dtype)
+
+        def finish() -> dict:
+            return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim else out}
+
         if self._local(group):
             out[...] = moved
-        else:
-            self._check("all_gather", group, buf, (dim, tuple(sizes)))
-            row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
-            send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
-            comm, stream, lib = self._comm(group), self._stream_ptr(), self._lib()
-            if len(set(sizes)) == 1:
+            return Pending(finish())
+        self._check("all_gather", group, buf, (dim, tuple(sizes)))
+        row = int(np.prod(moved.shape[1:], dtype=np.int64)) * buf.dtype.itemsize
+        send, recv = _bytes(moved), out.reshape(-1).view(np.uint8)
+        comm, lib, me = self._comm(group), self._lib(), group.index(self.rank)
+        parts = gather_plan(sizes, row)
+        even = len(set(sizes)) == 1
+        if not even:  # uneven: every member's exact part, point to point; mine copied here
+            offset, nbytes = parts[me]
+            recv[offset:offset + nbytes] = send
+        started: list = []
+        with self._ordered([send, out], started) as stream:
+            if even:
                 if recv.size:
                     comm.allGather(_ptr(send), _ptr(recv), send.size, lib.NCCL_UINT8, stream)
-            else:  # uneven: every member's exact part, point to point
-                me = group.index(self.rank)
-                parts = gather_plan(sizes, row)
-                offset, nbytes = parts[me]
-                recv[offset:offset + nbytes] = send
+            else:
                 with _grouped(lib):
                     for j, (offset, n) in enumerate(parts):
                         if j == me:
                             continue
-                        if nbytes:
-                            comm.send(_ptr(send), nbytes, lib.NCCL_UINT8, j, stream)
+                        if parts[me][1]:
+                            comm.send(_ptr(send), parts[me][1], lib.NCCL_UINT8, j, stream)
                         if n:
                             comm.recv(_ptr(recv) + offset, n, lib.NCCL_UINT8, j, stream)
-        return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim else out}
+        return self._after(started[0], finish)
 
     def reduce_scatter(self, group, bufs, op, dim, sizes):
+        return self.reduce_scatter_start(group, bufs, op, dim, sizes).wait()
+
+    def reduce_scatter_start(self, group, bufs, op, dim, sizes) -> Pending:
+        """:meth:`reduce_scatter` on the communication stream (see
+        :meth:`all_reduce_start`)."""
         xp = self._array_module()
         buf = self._mine(group, bufs)
         moved = contiguous(xp.moveaxis(buf, dim, 0) if dim else buf)
         rest = tuple(moved.shape[1:])
         me = group.index(self.rank)
+
+        def placed(out) -> dict:
+            return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim
+                    else contiguous(out)}
+
         if self._local(group):
-            out = moved.copy()
-        else:
-            self._check("reduce_scatter", group, buf, (op.value, dim, tuple(sizes)),
-                        same_shape=True)
-            width, starts = pad_plan(sizes)
-            if len(set(sizes)) == 1:
-                padded = moved
-            else:  # pad every part to the largest; the padding rows are dropped after
-                padded = xp.zeros((len(sizes) * width,) + rest, dtype=buf.dtype)
-                for i, (start, n) in enumerate(zip(starts, sizes)):
-                    padded[i * width:i * width + n] = moved[start:start + n]
-            plan = reduction_plan(buf.dtype, op)
-            send = _to_work(padded, plan)
-            recv = xp.empty(send.size // len(sizes), dtype=plan.work)
+            return Pending(placed(moved.copy()))
+        self._check("reduce_scatter", group, buf, (op.value, dim, tuple(sizes)),
+                    same_shape=True)
+        width, starts = pad_plan(sizes)
+        if len(set(sizes)) == 1:
+            padded = moved
+        else:  # pad every part to the largest; the padding rows are dropped after
+            padded = xp.zeros((len(sizes) * width,) + rest, dtype=buf.dtype)
+            for i, (start, n) in enumerate(zip(starts, sizes)):
+                padded[i * width:i * width + n] = moved[start:start + n]
+        plan = reduction_plan(buf.dtype, op)
+        send = _to_work(padded, plan)
+        recv = xp.empty(send.size // len(sizes), dtype=plan.work)
+        comm, started = self._comm(group), []
+        with self._ordered([send, recv], started) as stream:
             if recv.size:
-                self._comm(group).reduceScatter(_ptr(send), _ptr(recv), recv.size,
-                                                self._dtype(plan.work), self._op(plan.op),
-                                                self._stream_ptr())
-            out = _from_work(recv, plan, buf.dtype).reshape((width,) + rest)[:sizes[me]]
-        return {self.rank: contiguous(xp.moveaxis(out, 0, dim)) if dim else contiguous(out)}
+                comm.reduceScatter(_ptr(send), _ptr(recv), recv.size, self._dtype(plan.work),
+                                   self._op(plan.op), stream)
+        return self._after(started[0], lambda: placed(
+            _from_work(recv, plan, buf.dtype).reshape((width,) + rest)[:sizes[me]]))
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         xp = self._array_module()
@@ -354,8 +428,8 @@ class NCCLCommunicator(HostWrapper):
         recv = xp.empty(sum(counts), dtype=np.uint8)
         offset, n = parts[me]
         recv[offset:offset + n] = sends[me]
-        comm, stream, lib = self._comm(group), self._stream_ptr(), self._lib()
-        with _grouped(lib):
+        comm, lib, started = self._comm(group), self._lib(), []
+        with self._ordered(sends + [recv], started) as stream, _grouped(lib):
             for j, (offset, n) in enumerate(parts):
                 if j == me:
                     continue
@@ -363,6 +437,8 @@ class NCCLCommunicator(HostWrapper):
                     comm.send(_ptr(sends[j]), sends[j].size, lib.NCCL_UINT8, j, stream)
                 if n:
                     comm.recv(_ptr(recv) + offset, n, lib.NCCL_UINT8, j, stream)
+        if started[0] is not None:  # the current stream after the transfers
+            xp.cuda.get_current_stream().wait_event(started[0])
         if concat_dim == 0:  # received blocks already lie in final order
             shape = list(recv_shapes[0])
             shape[0] = sum(concat_sizes)
@@ -372,14 +448,7 @@ class NCCLCommunicator(HostWrapper):
         return {self.rank: xp.concatenate(pieces, axis=concat_dim)}
 
     def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
-        xp = self._array_module()
-        received = {m: sends[m] for m in messages if m.src == m.dst == self.rank}
-        members, transfers = exchange_plan(messages, self.rank)
-        if self.rank not in members:
-            return received
-        self._post(self._comm(members), xp, members, transfers, sends, received,
-                   self._stream_ptr())
-        return received
+        return self._exchange(messages, sends, "collectives").wait()
 
     def _post(self, comm, xp, members, transfers, sends, received: dict, stream) -> list:
         """Enqueue ``transfers`` (``exchange_plan``'s) as one NCCL group on ``stream``:
@@ -402,39 +471,23 @@ class NCCLCommunicator(HostWrapper):
         return keep
 
     def exchange_start(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> Pending:
-        """:meth:`exchange` on a side stream: the transfers wait for the work already
-        enqueued on the current stream (an event), run beside later work, and ``wait()``
-        makes the current stream wait for them (an event again: the host never
-        synchronises). Send buffers stay referenced until then; the caller gives
-        snapshots it does not write to."""
+        """:meth:`exchange` on the communication stream, on the group's communicator for
+        transfers: returns at once, ``wait()`` makes the current stream wait for the
+        transfers (an event: the host never synchronises). Send buffers stay referenced
+        until they ran; the caller gives snapshots it does not write to."""
+        return self._exchange(messages, sends, "transfers")
+
+    def _exchange(self, messages, sends, purpose: str) -> Pending:
         xp = self._array_module()
         received = {m: sends[m] for m in messages if m.src == m.dst == self.rank}
         members, transfers = exchange_plan(messages, self.rank)
         if self.rank not in members:
             return Pending(received)
-        side = self._side()
-        if side is None:  # no streams to overlap on (the CPU fake): run in order
-            stream = self._stream_ptr()
-        else:
-            side_stream, event = side
-            ready = event(disable_timing=True)
-            ready.record(xp.cuda.get_current_stream())
-            side_stream.wait_event(ready)
-            stream = side_stream.ptr
-        keep = self._post(self._comm(members, "transfers"), xp, members, transfers, sends,
-                          received, stream)
-        if side is None:
-            return Pending(received)
-        done = event(disable_timing=True)
-        done.record(side_stream)
-        self._in_flight = [(e, b) for e, b in self._in_flight if not e.done]
-        self._in_flight.append((done, keep + list(received.values())))
-
-        def wait() -> dict:
-            xp.cuda.get_current_stream().wait_event(done)
-            return received
-
-        return Pending(wait=wait, test=lambda: bool(done.done))
+        comm, keep, started = self._comm(members, purpose), [], []
+        with self._ordered(keep, started) as stream:
+            keep += self._post(comm, xp, members, transfers, sends, received, stream)
+            keep += list(received.values())
+        return self._after(started[0], lambda: received)
 
     def all_gather_object(self, group, objs):
         return self._host.all_gather_object(group, objs)
