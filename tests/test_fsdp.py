@@ -191,3 +191,92 @@ def test_forward_hooks_run_and_come_off():
     pre.remove()
     post.remove()
     assert float(lin(ct.ones(1, 3)).abs().sum().item()) > 0 and seen == ["pre"]
+
+
+def _steps(prefetch, reshard=True, tp=False, steps=3, precision=None):
+    """Losses of ``steps`` AdamW steps of a small GPT on 2 ranks (FSDP), or (2, 2) with
+    ``tp`` (tensor parallel along the second mesh axis), and, per step, how many
+    collectives were issued when the second block's MLP began its forward."""
+    with world(4 if tp else 2):
+        mesh = ct.placement("cpu", [[0, 1], [2, 3]]) if tp else ct.placement("cpu", [0, 1])
+        ct.manual_seed(0)
+        model = nn.GPT(32, 8, 2, 2, 16, dropout=0.1, tie_weights=True, dtype=np.float64)
+        if tp:
+            model.to_global(mesh, nn.parallel.hybrid_parallel_rules(model))
+        nn.fully_shard(model, mesh, reshard_after_forward=reshard, prefetch=prefetch)
+        if precision:
+            nn.mixed_precision(model, precision)
+        opt = optim.AdamW(model.parameters(), lr=1e-2)
+        rng = np.random.default_rng(0)
+        at_fc, losses = [], []
+        log = None
+        model.blocks[1].mlp.fc.register_forward_pre_hook(
+            lambda m, args: at_fc.append(len(log.collectives())))
+        for _ in range(steps):
+            idx = ct.tensor(rng.integers(0, 32, (4, 8)), placement=mesh,
+                            sbp=nn.parallel.batch_sbp(mesh))
+            with ct.debug.comm_log() as log:
+                _, loss = model(idx, idx)
+                loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(float(loss.item()))
+        gathers = len([e for e in log if e.collective == "all_gather"])
+    return losses, at_fc, gathers
+
+
+@pytest.mark.parametrize("case", ["zero3", "zero2", "zero3-tp", "zero3-fp16"])
+def test_prefetch_starts_the_next_gathers_and_changes_no_value(case):
+    reshard, tp = not case.startswith("zero2"), case.endswith("-tp")
+    precision = np.float16 if case.endswith("fp16") else None
+    reference, at_fc, gathers = _steps(0, reshard, tp, precision=precision)
+    for prefetch in (1, 2):
+        losses, ahead, prefetched_gathers = _steps(prefetch, reshard, tp,
+                                                   precision=precision)
+        assert losses == reference  # the same bits
+        assert prefetched_gathers == gathers  # started earlier, none added
+        # the first step learns the order; later, when fc begins, the gathers of the
+        # next `prefetch` modules (fc's proj: weight and bias) are already issued
+        assert ahead[0] == at_fc[0] and all(a > b for a, b in zip(ahead[1:], at_fc[1:]))
+    with pytest.raises(ValueError, match="argument 'prefetch' must be an int >= 0"):
+        nn.fully_shard(nn.MLP(8), ct.placement("cpu", [0]), prefetch=-1)
+
+
+@pytest.mark.skipif(MPI_MODE, reason="measures one process's shards")
+def test_prefetch_memory_is_bounded_by_prefetch_modules():
+    # ct.debug.memory counts tensors; a started gather's buffer is not one until waited
+    # for, so what is in flight is measured as NumPy's allocations (tracemalloc)
+    import tracemalloc
+    held, peaks = {}, {}
+    tracemalloc.start()
+    for prefetch in (0, 1, 2):
+        with ct.simulate(4), ct.debug.track_memory():
+            mesh = ct.placement("cpu", [0, 1, 2, 3])
+            ct.manual_seed(0)
+            model = nn.GPT(32, 8, 2, 2, 32, tie_weights=False, dtype=np.float64)
+            nn.fully_shard(model, mesh, prefetch=prefetch)
+            owners = [m for m in model.modules() if list(m.parameters(False))]
+            largest = max(sum(p.numel() * 8 for p in m.parameters(False)) for m in owners)
+            seen = held[prefetch] = []
+            for m in owners:  # what is held as each module's forward begins
+                m.register_forward_pre_hook(
+                    lambda m, args: seen.append(tracemalloc.get_traced_memory()[0]))
+            idx, tgt = _batch(mesh)
+            for step in range(2):  # the second step prefetches
+                if step:
+                    ct.debug.reset_peak_memory()
+                    seen.clear()
+                _, loss = model(idx, tgt)
+                loss.backward()
+                model.zero_grad()
+            peaks[prefetch] = ct.debug.memory().peak_total
+            del model, loss
+    tracemalloc.stop()
+    # per module, the bytes more than without prefetch (less what any run adds: the
+    # spread): the next `prefetch` modules' gathered parameters, on each of 4 ranks
+    spread = {k: max(b - a for a, b in zip(held[0], held[k])) -
+              min(b - a for a, b in zip(held[0], held[k])) for k in (1, 2)}
+    assert 0.5 * 4 * largest < spread[1] <= 1.1 * 4 * largest, (spread, largest)
+    assert spread[1] < spread[2] <= 1.1 * 4 * 2 * largest, (spread, largest)
+    assert peaks[0] <= peaks[1] <= peaks[0] + largest, (peaks, largest)
+    assert peaks[2] <= peaks[0] + 2 * largest, (peaks, largest)
