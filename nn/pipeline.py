@@ -356,12 +356,15 @@ class _Walk:
         elif mine or self.mine[j + 1]:  # hand the output on now: the producer does not wait
             nxt = self.stages[j + 1]
             y = out.detach()
-            offset_now = ct.full((1,), calls, dtype=ct.int64, placement=stage.placement,
+            # the random offset is host state: it travels on cpu placements of the same
+            # ranks, so reading it is no device->host copy on a GPU stage
+            offset_now = ct.full((1,), calls, dtype=ct.int64,
+                                 placement=ct.placement("cpu", stage.placement.ranks.tolist()),
                                  sbp=(ct.sbp.broadcast,) * stage.placement.ndim)
             self.arriving[(j + 1, m)] = (
                 y.to_global(nxt.placement, _input_sbp(nxt, y), async_op=True),
-                offset_now.to_global(nxt.placement, (ct.sbp.broadcast,) * nxt.placement.ndim,
-                                     async_op=True))
+                offset_now.to_global(ct.placement("cpu", nxt.placement.ranks.tolist()),
+                                     (ct.sbp.broadcast,) * nxt.placement.ndim, async_op=True))
         else:
             self.arriving[(j + 1, m)] = (None, None)  # a move this rank takes no part in
         if mine and j < self.J - 1 and out.grad_fn is not None:

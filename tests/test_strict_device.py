@@ -5,10 +5,8 @@ CI without a GPU.
 What runs here, sized for CI (22 s, up to ~50 s on two loaded cores): the module's own rules; a
 host read planted in an op fails; deferred device checks; ``ct.debug``'s sync debug mode;
 every op sample on one layout (a split one) with its gradient; a sample of the
-boxing and autograd tests; the GPT example's data, tensor and (data, tensor) layouts at tiny
-size, counting host synchronisations in training steps (0 besides the printed loss).
-Pipelines (``--pp > 1``) are left out: ``nn/pipeline.py`` reads each micro-batch's random
-offset on the host (one ``int()`` per micro-batch, see the README's GPU section).
+boxing and autograd tests; the GPT example's data, tensor, pipeline and combined layouts at
+tiny size, counting host synchronisations in training steps (0 besides the printed loss).
 """
 from __future__ import annotations
 
@@ -242,14 +240,14 @@ def gpt():
     return mod, mod.run(TINY + ["--simulate", "1"])
 
 
-@pytest.mark.parametrize("config", ["1x1", "2x1", "1x2", "2x2"])
+@pytest.mark.parametrize("config", ["1x1x1", "2x1x1", "1x2x1", "2x2x1", "1x1x2", "2x1x2"])
 def test_gpt_steps_have_no_host_sync_but_the_loss(strict, gpt, config):
     """GPT training steps (forward, backward, clip, AdamW) on ``cuda`` in strict mode: the
     CPU loss curve, and one device->host copy per step, the loss the script prints."""
     train, reference = gpt
-    dp, tp = map(int, config.split("x"))
-    curve = train.run(TINY + ["--device", "cuda", "--simulate", str(dp * tp), "--dp", str(dp),
-                              "--tp", str(tp)])
+    dp, tp, pp = map(int, config.split("x"))
+    curve = train.run(TINY + ["--device", "cuda", "--simulate", str(dp * tp * pp), "--dp",
+                              str(dp), "--tp", str(tp), "--pp", str(pp)])
     np.testing.assert_allclose(curve, reference, rtol=1e-9, atol=0)
     assert sd.COUNTS["refused"] == 0
     assert sd.COUNTS["d2h"] == len(reference), sd.COUNTS            # the loss of each step
