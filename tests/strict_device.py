@@ -453,6 +453,11 @@ def _asarray(a, dtype=None, order=None, **_):
     return _wrap(np.array(a, dtype=dtype, order=order or "K"))
 
 
+def _ascontiguousarray(a, dtype=None, **_):
+    out = _asarray(a, dtype)
+    return out if out._a.flags.c_contiguous else out.copy(order="C")
+
+
 def _asnumpy(a, stream=None, **_):
     if isinstance(a, StrictArray):
         return a.get()
@@ -506,9 +511,7 @@ class _Module(types.ModuleType):
     def __getattr__(self, name):
         attr = getattr(np, name)
         if isinstance(attr, types.ModuleType):
-            sub = _Module(f"cupy_strict.{name}")
-            sub._np = attr
-            return sub
+            return _sub(name)
         if callable(attr) and not isinstance(attr, type):
             return _Fn(attr, name)
         return attr
@@ -524,8 +527,7 @@ def _build() -> _Module:
     mod = _Module("cupy_strict")
     mod.__dict__.update(
         ndarray=StrictArray, asarray=_asarray, array=_asarray, asanyarray=_asarray,
-        ascontiguousarray=lambda a, dtype=None: _asarray(a, dtype).copy(order="C")
-        if not _asarray(a, dtype)._a.flags.c_contiguous else _asarray(a, dtype),
+        ascontiguousarray=_ascontiguousarray,
         asnumpy=_asnumpy, is_available=lambda: True, ElementwiseKernel=_ElementwiseKernel,
         get_array_module=lambda *a: mod,
         cuda=types.SimpleNamespace(
