@@ -10,7 +10,7 @@ collectives traced, and ``ct.plan.step_report`` pricing them with the one cost m
 kernel's roofline, ``op_overhead`` per dispatched op, every collective, the pipeline
 schedule replayed). **Measured**: ``examples/gpt/train.py`` with the same options (one
 process, or ``mpiexec -n 2``), the median step time after two warm-up steps, repeated
-``--rounds`` times in a rotated order; the median round is reported. The layouts: one
+``--rounds`` times in a rotated order; the median over rounds is reported. The layouts: one
 process, DP 2, TP 2, TP 2 + sequence parallel, PP 2 (1F1B, 4 micro-batches), FSDP 2
 (ZeRO-3) — and the two-stage pipeline block of ``benchmarks/pipeline.py``
 (``Linear - ReLU - Linear`` per stage on ranks 0 and 1, 1F1B, forward and backward only),
@@ -19,7 +19,9 @@ predicted from one micro-batch's per-stage traces and ``ct.plan.replay``.
 Prints per layout the prediction, the measured median, the error, and the layouts ranked
 by each. The target (issue 21): every error within 15% and the same ranking. One BLAS
 thread per rank; a loaded machine measures the other processes too (the load average is
-printed); ``--calibrate`` measures the ``cpu`` table first, under the same load.
+printed); ``--calibrate`` measures the ``cpu`` table before each round (``--quick``
+calibration) and predicts with it, so predictions and runs see the same load; both are
+medians over rounds.
 ``--quick``: a tiny model, one round, in under two minutes.
 """
 from __future__ import annotations
@@ -199,8 +201,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("block-hidden", 2048), ("rows", 256), ("block-micro-batches", 4)):
         p.add_argument(f"--{name}", type=positive_int, help=f"default {text}")
     p.add_argument("--calibrate", action="store_true",
-                   help="first run python -m ctensor.calibrate (rewrites the [cpu] table of "
-                        "ctensor/devices.toml: predictions and runs then see the same load)")
+                   help="before each round run python -m ctensor.calibrate --quick (rewrites "
+                        "the [cpu] table of ctensor/devices.toml) and predict with it: each "
+                        "round's predictions and runs see the same load; medians over rounds")
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--block-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -212,32 +215,43 @@ def parse_args(argv=None) -> argparse.Namespace:
                        block_micro_batches=4))
 
 
+def predict_all(a) -> dict:
+    """Every layout's predicted step; with ``--calibrate`` the ``cpu`` table measured first
+    (``python -m ctensor.calibrate --quick``: it rewrites ``ctensor/devices.toml``, which the
+    measured runs then read too, so both choose alike)."""
+    if a.calibrate:
+        import ctensor as ct
+        subprocess.run([sys.executable, "-m", "ctensor.calibrate", "--quick"], check=True,
+                       timeout=600, stdout=subprocess.DEVNULL)
+        ct.cost.load_devices()  # the new table, for the choice and the prices here
+    predicted = {name: predict_gpt(a, options) for name, _, options in LAYOUTS}
+    predicted[BLOCK] = predict_block(a)
+    return predicted
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
     if a.block_worker:
         block_worker(a)
         return {}
     t0 = time.perf_counter()
-    if a.calibrate:
-        import ctensor as ct
-        cmd = [sys.executable, "-m", "ctensor.calibrate"] + (["--quick"] if a.quick else [])
-        subprocess.run(cmd, check=True, timeout=600)
-        ct.cost.load_devices()  # the new table, for the choice and the prices here
-    predicted = {name: predict_gpt(a, options) for name, _, options in LAYOUTS}
-    predicted[BLOCK] = predict_block(a)
-    print(f"GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, sequence {a.seq_len}, "
-          f"batch {a.global_batch}, float32; block {a.width}-{a.block_hidden}-{a.width}, "
-          f"{a.block_micro_batches} x {a.rows} rows; predicted in "
-          f"{time.perf_counter() - t0:.1f} s; load {os.getloadavg()[0]:.1f}")
     jobs = [(name, lambda r=ranks, o=options: measure_gpt(a, r, o))
             for name, ranks, options in LAYOUTS] + [(BLOCK, lambda: measure_block(a))]
+    guesses: dict = {name: [] for name, _ in jobs}
     rounds: dict = {name: [] for name, _ in jobs}
     for r in range(a.rounds):
+        if a.calibrate or r == 0:  # (with --calibrate: each round under its own load)
+            for name, seconds in predict_all(a).items():
+                guesses[name].append(seconds)
         for name, job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
             rounds[name].append(job())
+    predicted = {name: statistics.median(v) for name, v in guesses.items()}
     measured = {name: statistics.median(v) for name, v in rounds.items()}
-    print(f"measured: {a.rounds} round(s) of {a.steps} steps, load "
-          f"{os.getloadavg()[0]:.1f}, {time.perf_counter() - t0:.0f} s in all")
+    print(f"GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, sequence {a.seq_len}, "
+          f"batch {a.global_batch}, float32; block {a.width}-{a.block_hidden}-{a.width}, "
+          f"{a.block_micro_batches} x {a.rows} rows; {a.rounds} round(s) of {a.steps} "
+          f"steps{', each calibrated first' if a.calibrate else ''}; load now "
+          f"{os.getloadavg()[0]:.1f}; {time.perf_counter() - t0:.0f} s in all")
     figures = report(predicted, measured)
     if a.json:
         with open(a.json, "w") as f:

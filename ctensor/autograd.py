@@ -24,7 +24,7 @@ from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
            "FunctionContext", "RemovableHandle", "saved_tensors_hooks", "regather_saved",
-           "graph_handle", "no_grad",
+           "graph_handle", "graph_leaves", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size", "GradMode", "grad_mode"]
 
@@ -257,6 +257,20 @@ def graph_handle(t):
     handle = type(t)(t._layout, {}, requires_grad=True)
     handle._node, handle._out_index = t._node, t._out_index
     return handle
+
+
+def graph_leaves(outputs) -> list:
+    """The leaves that require grad behind ``outputs`` (what their backward would give a
+    gradient to: parameters, inputs), each once, in the order the backward reaches them.
+
+    >>> ct.autograd.graph_leaves([loss]) == list(model.parameters())   # (in some order)
+    """
+    found: dict = {}
+    for node in _topological(list(outputs)):
+        for t in node.inputs:
+            if t is not None and t._node is None:
+                found.setdefault(id(t), t)
+    return list(found.values())
 
 
 def _topological(roots) -> list:
