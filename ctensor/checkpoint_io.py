@@ -40,6 +40,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from . import _device
 from .arrays import is_host, to_host
 
 __all__ = ["ChecksumError", "SaveHandle", "write_array", "write_text", "file_checksum",
@@ -310,7 +311,9 @@ def stage(arr) -> np.ndarray:
         np.copyto(buf, arr)
     else:  # a CuPy array: one device-to-host copy into the buffer
         try:
-            arr.get(out=buf)
+            with _device.explicit():  # a save asks for this copy (ct.debug's sync mode)
+                _device.host_sync("a checkpoint save")
+                arr.get(out=buf)
         except (TypeError, ValueError):  # a CuPy without get(out=), or a layout it refuses
             np.copyto(buf, to_host(arr, explicit=True))
     return buf

@@ -335,12 +335,15 @@ class StrictArray:
             yield self[i]
 
     # explicit transfer
-    def get(self, stream=None, **_):
+    def get(self, stream=None, order="C", out=None, **_):
         _check_read(self._a)
         if not _SYNC_ALLOWED[0]:
             raise _refuse(".get() inside cupyx.allow_synchronize(False)")
         COUNTS["d2h"] += 1
-        return np.array(self._a)
+        if out is not None:
+            np.copyto(out, self._a)
+            return out
+        return np.array(self._a, order=order)
 
     @property
     def data(self):

@@ -153,6 +153,21 @@ def test_sync_debug_mode_warns_or_raises_on_implicit_copies(strict):
             x.to_global(cpu, S0)
 
 
+def test_a_checkpoint_save_is_an_explicit_transfer(strict, tmp_path):
+    with ct.simulate(2):
+        gpu = ct.placement("cuda", [0, 1])
+        x = ct.tensor(np.arange(6.0).reshape(2, 3), placement=gpu, sbp=S1)
+        try:
+            ct.debug.set_sync_debug_mode("error")
+            before = sd.COUNTS["d2h"]
+            ct.save({"x": x}, tmp_path / "x.ct")
+            assert sd.COUNTS["d2h"] > before and sd.COUNTS["refused"] == 0
+        finally:
+            ct.debug.set_sync_debug_mode("default")
+        back = ct.load(tmp_path / "x.ct", placement=ct.placement("cpu", [0, 1]))["x"]
+        np.testing.assert_array_equal(back.numpy(), np.arange(6.0).reshape(2, 3))
+
+
 # ============================================================================ shared tests
 SAMPLES, _ = collect()
 #: samples whose op reads the device on the host, by design or not yet fixed: a
