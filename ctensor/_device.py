@@ -198,12 +198,29 @@ def _cupy_guard(on: bool) -> None:
 
 
 @contextlib.contextmanager
+def implicit():
+    """The copies inside are a library op's own (``nonzero``'s count, ``bernoulli``'s check
+    of ``p``), even where they go through ``Tensor.item()``: :func:`host_sync` treats them
+    as implicit."""
+    depth = getattr(_explicit, "forced", 0)
+    _explicit.forced = depth + 1
+    try:
+        yield
+    finally:
+        _explicit.forced = depth
+
+
+def _is_explicit() -> bool:
+    return bool(getattr(_explicit, "depth", 0)) and not getattr(_explicit, "forced", 0)
+
+
+@contextlib.contextmanager
 def explicit():
     """The device->host copies inside are ones the user asked for (allowed in every mode)."""
     depth = getattr(_explicit, "depth", 0)
     _explicit.depth = depth + 1
     try:
-        if _guard is not None:
+        if _guard is not None and not getattr(_explicit, "forced", 0):
             import cupyx
             with cupyx.allow_synchronize(True):
                 yield
@@ -216,7 +233,7 @@ def explicit():
 def host_sync(what: str) -> None:
     """Called at every device->host copy ctensor makes: counted, and an implicit one (outside
     :func:`explicit`) warns or raises as :func:`set_sync_debug_mode` says."""
-    if getattr(_explicit, "depth", 0):
+    if _is_explicit():
         SYNCS["explicit"] += 1
         return
     SYNCS["implicit"] += 1

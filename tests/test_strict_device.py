@@ -151,6 +151,13 @@ def test_sync_debug_mode_warns_or_raises_on_implicit_copies(strict):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             x.to_global(cpu, S0)
+        p = ct.tensor(np.full(4, 0.5), placement=gpu)
+        try:  # an op's own .item() (bernoulli's check of p) is implicit, not the user's
+            ct.debug.set_sync_debug_mode("warn")
+            with pytest.warns(RuntimeWarning, match="synchronises the host"):
+                ct.bernoulli(p)
+        finally:
+            ct.debug.set_sync_debug_mode("default")
 
 
 def test_a_checkpoint_save_is_an_explicit_transfer(strict, tmp_path):

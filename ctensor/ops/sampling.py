@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import random
+from .. import _device, random
 from ..layout import Layout
 from ..random import Kind
 from ..registry import OPS
@@ -146,7 +146,8 @@ def _check_probabilities(opname: str, p: Tensor) -> None:
         raise TypeError(f"{opname}: a tensor 'p' must have a floating dtype, got {p.dtype}")
     if world().meta:
         return
-    bad = ((p < 0.0) | (p > 1.0) | (p != p)).sum().item()
+    with _device.implicit():  # the op's own read, for ct.debug.set_sync_debug_mode
+        bad = ((p < 0.0) | (p > 1.0) | (p != p)).sum().item()
     if bad:
         raise ValueError(f"{opname}: expects every probability in [0, 1]; {bad} elements of "
                          f"'p' are outside it (or nan)")

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _device
 from ..arrays import is_host
 from ..dispatch import as_tensor
 from ..errors import MetaModeError
@@ -331,7 +332,8 @@ def selected_count(mask: Tensor, opname: str = "nonzero") -> int:
                             f"values, which a shape-only tensor (ct.simulate(n, meta=True)) "
                             f"does not hold; plan with a constant mask or index (a NumPy "
                             f"array or list), or with index_select and a fixed-size index")
-    return int(OPS.sum(mask).item())
+    with _device.implicit():  # the op's own read, for ct.debug.set_sync_debug_mode
+        return int(OPS.sum(mask).item())
 
 
 def nonzero_positions(mask: Tensor, flat: bool = False, opname: str = "nonzero") -> Tensor:
