@@ -13,6 +13,8 @@ learning-rate schedule:
   step of ``gpt_reference.py`` on this rank's half of the batch, one flat ``Allreduce`` of
   all gradients (the loss rides along), then the clip and AdamW on one flat array (ctensor
   only draws the initial weights, before the first step);
+* **the one-process floor**: the same worker on one rank (the whole batch), against
+  ctensor's one process;
 * **PyTorch DDP** (only when ``torch`` is importable; never a dependency): the same model in
   ``torch.nn`` under ``DistributedDataParallel`` on gloo, ``mpiexec -n 2``.
 
@@ -50,7 +52,8 @@ WARMUP_STEPS = 2  # not timed: plans, signature caches, connections
 CTENSOR = [("ctensor one process", 1, 1, 1), ("ctensor DP 2", 2, 1, 1),
            ("ctensor TP 2", 1, 2, 1), ("ctensor TP 2 + SP", 1, 2, 1, True),
            ("ctensor PP 2", 1, 1, 2)]
-PEERS = [("hand-written DP 2 (floor)", "floor"), ("PyTorch DDP 2 (gloo)", "ddp")]
+PEERS = [("hand-written DP 2 (floor)", "floor", 2), ("PyTorch DDP 2 (gloo)", "ddp", 2),
+         ("hand-written one process", "floor", 1)]
 
 
 # ----------------------------------------------------------------------------- parent
@@ -85,8 +88,8 @@ def run_ctensor(dp: int, tp: int, pp: int, a, log: Path, sp: bool = False) -> No
     subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL, timeout=1800)
 
 
-def run_peer(worker: str, a, log: Path) -> None:
-    cmd = [mpiexec(), "-n", "2", sys.executable, str(Path(__file__).resolve()), "--worker",
+def run_peer(worker: str, a, log: Path, ranks: int = 2) -> None:
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, str(Path(__file__).resolve()), "--worker",
            worker, "--log-json", str(log)] + model_args(a)
     subprocess.run(cmd, check=True, env=child_env(), stdout=subprocess.DEVNULL, timeout=1800)
 
@@ -133,6 +136,10 @@ def report(a, results: dict, worst: float) -> None:
         print(f"{'PyTorch DDP 2 (gloo)':<27}  (torch not importable: skipped)")
     print(f"(time vs floor / DDP: step time over theirs; vs one: tokens/s over ctensor's one "
           f"process.) Loss curves agree with ctensor's one process to {worst:.1e}.")
+    alone = results.get("hand-written one process")
+    if alone:
+        print(f"One process (with the optimizer): ctensor's step takes "
+              f"{alone['tokens_per_s'] / one['tokens_per_s']:.2f}x the hand-written one's.")
 
 
 def main() -> None:
@@ -165,7 +172,7 @@ def main() -> None:
     check_steps(with_torch)
     runs = [(name, lambda log, c=c: run_ctensor(*c[:3], a, log, *c[3:]))
             for name, *c in CTENSOR]
-    runs += [(name, lambda log, w=w: run_peer(w, a, log)) for name, w in PEERS
+    runs += [(name, lambda log, w=w, n=n: run_peer(w, a, log, n)) for name, w, n in PEERS
              if w == "floor" or with_torch]
     rounds: dict = {name: [] for name, _ in runs}
     worst = 0.0
