@@ -97,15 +97,18 @@ H200_WHEELS = {"numpy": "2.5.2", "mpi4py": "4.1.2", "xxhash": "3.5.0",
                "cupy-cuda13x": "14.2.0", "nvidia-nccl-cu13": "2.28.9", "mpich": "5.0.2"}
 
 
-def _standin_wheel(folder, name: str, version: str) -> None:
-    """An empty wheel of ``name`` ``version``: what pip's resolver reads of a package (the
-    real wheels are hundreds of MB and cannot be fetched here)."""
+def _standin_wheel(folder, name: str, version: str, requires=(), extras=()) -> None:
+    """An empty wheel of ``name`` ``version`` with these requirements: what pip's resolver
+    reads of a package (the real wheels are hundreds of MB and cannot be fetched here)."""
     import base64
     import hashlib
     import zipfile
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
-    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+    meta += "".join(f"Provides-Extra: {e}\n" for e in extras)
+    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
+    files = {f"{info}/METADATA": meta,
              f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: stand-in\nRoot-Is-Purelib: "
                               "true\nTag: py3-none-any\n"}
     with zipfile.ZipFile(folder / f"{dist}-{version}-py3-none-any.whl", "w") as z:
@@ -118,40 +121,39 @@ def _standin_wheel(folder, name: str, version: str) -> None:
 
 
 def _dry_run(tmp_path, target: str):
-    """``pip install --no-index --dry-run`` of ctensor (its pyproject, empty packages) against
-    stand-ins of the H200's packages: ``(returncode, output)``."""
-    import shutil
+    """``pip install --no-index --dry-run`` of ``target`` (``ctensor[...]``: a stand-in
+    wheel with pyproject.toml's dependencies and extras, so no build backend is needed)
+    against stand-ins of the H200's packages: ``(returncode, output)``."""
     import subprocess
     from pathlib import Path
-    root = Path(__file__).resolve().parent.parent
-    project, wheels = tmp_path / "project", tmp_path / "wheels"
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml")
+                            .read_text())["project"]
+    wheels = tmp_path / "wheels"
     wheels.mkdir(parents=True)
     for name, version in H200_WHEELS.items():
         _standin_wheel(wheels, name, version)
-    for pkg in ("ctensor", "ctensor/comm", "ctensor/ops", "nn", "optim"):
-        (project / pkg).mkdir(parents=True)
-        (project / pkg / "__init__.py").write_text("")
-    (project / "ctensor" / "devices.toml").write_text("")
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(root / name, project / name)
+    extras = project["optional-dependencies"]
+    requires = list(project["dependencies"]) + [
+        f"{r} ; extra == '{e}'" for e, reqs in extras.items() for r in reqs]
+    _standin_wheel(wheels, project["name"], project["version"], requires, list(extras))
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--dry-run",
-                           "--no-build-isolation", "--ignore-installed", "--find-links",
-                           str(wheels), target], cwd=project, capture_output=True, text=True,
-                          timeout=240)
+                           "--ignore-installed", "--find-links", str(wheels), target],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240)
     return done.returncode, done.stdout + done.stderr
 
 
 @pytest.mark.skipif(MPI_MODE, reason="a pip check: once, in simulation")
 def test_cuda13_install_line_resolves_offline_on_the_h200_packages(tmp_path):
-    code, out = _dry_run(tmp_path, ".[gpu-cu13]")
+    code, out = _dry_run(tmp_path, "ctensor[gpu-cu13]")
     assert code == 0, out
     line = next(ln for ln in out.splitlines() if ln.startswith("Would install"))
     assert "cupy-cuda13x-14.2.0" in line and "nvidia-nccl-cu13" in line
     assert "cuda12" not in line and "cu12" not in line  # no second CuPy over the first
-    code, out = _dry_run(tmp_path / "plain", ".")  # a machine with CuPy: CuPy untouched
+    code, out = _dry_run(tmp_path / "plain", "ctensor")  # a machine with CuPy: untouched
     assert code == 0, out
     assert "cupy" not in next(ln for ln in out.splitlines() if ln.startswith("Would install"))
-    code, out = _dry_run(tmp_path / "cu12", ".[gpu-cu12]")  # CUDA 12 is not that machine's
+    code, out = _dry_run(tmp_path / "cu12", "ctensor[gpu]")  # gpu = gpu-cu12: not its CUDA
     assert code != 0 and "cupy-cuda12x" in out
 
 
