@@ -12,6 +12,10 @@ the median of repeats:
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
   clip, AdamW) of a GPT so small (d = 8) that its kernels cost nothing: the step's measured
   time, less its kernels' roofline, over the ops a shape-only trace of it counts;
+* ``efficiency``: the fraction of those GEMM and streaming rates the kernels of a GPT step
+  reach (NumPy's several passes per LayerNorm or softmax, strided batched matmuls, the
+  embedding's scatter-add): the roofline of a d = 96 GPT step's kernels over its measured
+  time less its dispatch;
 * under ``mpiexec -n 2`` (started by this command; skipped without mpi4py or ``--no-mpi``):
   ``intra_latency`` — half an MPI ping-pong of 8 bytes; ``call_overhead`` — a ctensor
   all-reduce of one element less its two latency steps and one op's dispatch;
@@ -66,42 +70,61 @@ def stream_rate(nbytes: int, repeats: int) -> float:
     return 3.0 * a.nbytes / _median_seconds(lambda: np.add(a, b, out=c), repeats, inner)
 
 
-def _tiny_step():
-    """A closure running one training step of a GPT with d = 8, and its parameters."""
+#: the GPTs the per-op cost and the kernels' efficiency are measured on: (vocabulary,
+#: sequence, layers, heads, width, batch). The first is so small its kernels cost nothing;
+#: the second's kernels cost about as much as its dispatch (neither is a size of
+#: ``benchmarks/predict.py``)
+TINY_GPT = (16, 8, 2, 2, 8, 2)
+MEDIUM_GPT = (256, 48, 2, 4, 96, 12)
+
+
+def _gpt_step(vocab: int, seq: int, layers: int, heads: int, width: int, batch: int):
+    """A closure running one training step (forward, backward, clip, AdamW) of a GPT."""
     import ctensor as ct
     import ctensor.nn as nn
     import ctensor.optim as optim
     ct.manual_seed(0)
-    gpt = nn.GPT(16, 8, 2, 2, 8, tie_weights=False, dtype=np.float32)
-    opt = optim.AdamW(list(gpt.parameters()), lr=1e-3)
-    x = ct.zeros(2, 8, dtype=ct.int64)
-    y = ct.zeros(2, 8, dtype=ct.int64)
+    gpt = nn.GPT(vocab, seq, layers, heads, width, tie_weights=False, dtype=np.float32)
+    params = list(gpt.parameters())
+    opt = optim.AdamW(params, lr=1e-3)
+    x = ct.zeros(batch, seq, dtype=ct.int64)
+    y = ct.zeros(batch, seq, dtype=ct.int64)
 
     def step():
         _, loss = gpt(x, y)
         loss.backward()
-        nn.utils.clip_grad_norm_(list(gpt.parameters()), 1.0)
+        nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad()
     return step
 
 
-def op_overhead(repeats: int, dev) -> tuple:
-    """``(seconds per dispatched op, ops per step)`` of the tiny GPT's step (see the module
-    docstring); ``dev``: the device its kernels' roofline is priced on."""
+def _gpt_figures(size: tuple, repeats: int, dev) -> tuple:
+    """``(measured seconds, ops, kernels' roofline seconds on dev)`` of one step."""
     import ctensor as ct
     with ct.simulate(1, meta=True), ct.plan.record() as trace:
-        step = _tiny_step()
-        step()
+        _gpt_step(*size)()
     ops = sum(w.count for w in trace.ops.values())
-    kernels = sum(ct.plan.op_seconds(trace, replace(dev, op_overhead=0.0),
+    kernels = sum(ct.plan.op_seconds(trace, replace(dev, op_overhead=0.0, efficiency=1.0),
                                      fused=False).values())
     with ct.simulate(1):
-        step = _tiny_step()
+        step = _gpt_step(*size)
         for _ in range(3):  # plans, caches
             step()
         seconds = _median_seconds(step, repeats)
-    return max(seconds - kernels, 0.0) / ops, ops
+    return seconds, ops, kernels
+
+
+def op_overhead(repeats: int, dev) -> tuple:
+    """``(seconds per dispatched op, kernel efficiency)``: the tiny GPT's step less its
+    kernels' roofline, over its ops; then the fraction of the roofline (GEMM and streaming
+    rates) the medium GPT's kernels reach, its step less its dispatch (see the module
+    docstring). ``dev``: the measured rates."""
+    seconds, ops, kernels = _gpt_figures(TINY_GPT, repeats, dev)
+    per_op = max(seconds - kernels, 0.0) / ops
+    seconds, ops, kernels = _gpt_figures(MEDIUM_GPT, max(3, repeats // 2), dev)
+    efficiency = kernels / max(seconds - per_op * ops, kernels)
+    return per_op, max(efficiency, 0.01)
 
 
 def mpi_worker(nbytes: int, repeats: int) -> None:
@@ -161,7 +184,7 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
     table["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     base = cost.machine("cpu")
     guess = replace(base, **table, efficiency=1.0)
-    table["op_overhead"], _ = op_overhead(r, guess)
+    table["op_overhead"], table["efficiency"] = op_overhead(r, guess)
     table.update(intra_latency=base.intra_latency, intra_bandwidth=base.intra_bandwidth,
                  call_overhead=base.call_overhead)
     if mpi:
@@ -174,7 +197,6 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
                                                      m["all_reduce_small"], 1e-9)
     table["inter_latency"], table["inter_bandwidth"] = (table["intra_latency"],
                                                         table["intra_bandwidth"])
-    table["efficiency"] = 1.0
     return table
 
 
@@ -199,10 +221,9 @@ def write_table(path: str, name: str, table: dict, note: str = "") -> None:
         rest = re.compile(r"^\s*(#|\[)", re.M).search(text, found.end())
         end = rest.start() if rest else len(text)
         start = found.start()
-        before = text[:start]
-        if before.rstrip("\n").splitlines()[-1:] and \
-                before.rstrip("\n").splitlines()[-1].startswith("# measured "):
-            start = before.rstrip("\n").rfind("\n") + 1  # drop the previous note
+        lines = text[:start].splitlines(keepends=True)
+        while lines and lines[-1].startswith("# measured "):  # drop the previous note
+            start -= len(lines.pop())
         text = text[:start] + block + ("\n" if rest else "") + text[end:].lstrip("\n")
     with open(path, "w") as f:
         f.write(text)

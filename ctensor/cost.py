@@ -56,7 +56,8 @@ __all__ = ["EFFICIENCY", "Device", "devices", "device", "load_devices", "machine
 #: device table does not say (its ``efficiency``): fixed once (2026-12) as a round figure
 #: between the ~0.45 of large GEMMs' peak a training step of Megatron-LM sustains end to end
 #: and the ~0.8 cuBLAS reaches on one large GEMM, and not tuned per configuration. A table
-#: measured by ``ctensor.calibrate`` holds achieved rates and says ``efficiency = 1``.
+#: measured by ``ctensor.calibrate`` holds the rates of one large GEMM and of streaming, and
+#: the fraction of them a GPT step's kernels reached.
 EFFICIENCY = 0.6
 
 DEVICE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "devices.toml")

@@ -183,7 +183,7 @@ def test_calibration_measures_positive_figures():
     table = measure(quick=True, mpi=False, repeats=2)
     for key in ("peak_flops_fp32", "memory_bandwidth", "op_overhead"):
         assert table[key] > 0 and math.isfinite(table[key])
-    assert table["efficiency"] == 1.0
+    assert 0 < table["efficiency"] <= 1
 
 
 # ----------------------------------------------------------------------------- benchmark
