@@ -101,29 +101,6 @@ def is_recomputing() -> bool:
     return _recomputing > 0
 
 
-def _leaves(outputs, inputs) -> list:
-    """The leaves that require grad behind ``outputs`` (parameters), walking the graph back
-    no further than ``inputs`` (the detached arguments), each once, in graph order."""
-    stop = {id(t) for t in inputs}
-    found, seen_nodes, seen = [], set(), set()
-    stack = [o.grad_fn for o in outputs if o.grad_fn is not None]
-    while stack:
-        node = stack.pop()
-        if id(node) in seen_nodes:
-            continue
-        seen_nodes.add(id(node))
-        for t in node.inputs:
-            if t is None or id(t) in stop:
-                continue
-            if t.grad_fn is None:
-                if id(t) not in seen:
-                    seen.add(id(t))
-                    found.append(t)
-            else:
-                stack.append(t.grad_fn)
-    return found
-
-
 def _outputs(result) -> tuple:
     """The function's result as a tuple of tensors, or the error that says what to do."""
     items = result if isinstance(result, tuple) else (result,)
@@ -238,7 +215,8 @@ def checkpoint(function, *args, use_reentrant=None, preserve_rng_state: bool = T
     # the first run records its graph (so its ops choose what they would without
     # recompute, and so the parameters it uses are found); the graph is dropped on return
     outputs = _outputs(function(*first, **kwargs))
-    run.leaves = _leaves(outputs, [a for a in first if isinstance(a, ct.Tensor)])
+    detached = {id(a) for a in first if isinstance(a, ct.Tensor)}  # (the arguments)
+    run.leaves = [t for t in ct.autograd.graph_leaves(outputs) if id(t) not in detached]
     needs = run.leaves or any(isinstance(a, ct.Tensor) and a.requires_grad for a in args)
     if not needs or not any(o.requires_grad for o in outputs):
         return outputs if len(outputs) > 1 else outputs[0]
