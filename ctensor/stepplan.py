@@ -1,0 +1,531 @@
+"""The step plan: learn a training step's op sequence once, choose every op's layouts
+jointly, replay the choice on the steps that repeat it.
+
+Eager dispatch chooses each op's signature alone (:mod:`ctensor.choice`): it cannot know
+that the partial value it leaves will be needed whole by three later ops (the residual
+stream of a model that writes RMSNorm as ``x * rsqrt(x.pow(2).mean(-1) + eps) * w`` is
+reduced at ``pow``, again at ``mul`` and again at the next ``matmul``). A training loop runs
+the same ops every step, so ctensor learns the step and plans it:
+
+* **the step** — a window of op calls that ends where an outermost ``backward()`` ends
+  (after its gradient buckets). The first window of a world starts at its first op that
+  records autograd history (the first forward's first op: setup before it is not part of
+  the loop); each later window starts where the previous one ended, so it holds the
+  optimizer's update, ``zero_grad``, the forward and the backward;
+* **record** — per call: the op, its attribute key, the input layouts, which *value* each
+  input is (an earlier call's output, the copy an earlier call boxed one of its inputs to
+  that its backward reads, or a tensor from outside the window), which inputs need a
+  gradient or are parameters, and the layouts the call ran in. Every rank records the same
+  window (layouts are global metadata);
+* **solve** — only when the loop repeats: a window that runs the same calls (ops,
+  attributes, input layouts) as the window before it is solved at its end (so a script
+  that runs one step never pays for a solve, and a training loop is planned after its
+  second or third step). :func:`ctensor.stepsolve.solve` picks every call's signature to minimise the
+  cost model's total (boxing each value once into each distinct layout its consumers take,
+  plus compute), starting from the per-op choice; a deterministic function of the record,
+  so every rank plans alike. Parameters keep their layouts (moving one is priced as
+  :mod:`ctensor.choice` prices it: never worth it);
+* **replay** — on the next window each call still dispatches through its own signature
+  table; only the candidate the choice takes comes from the plan (through the planner's
+  advisor seam, :func:`ctensor.planner.set_advisor`). A guard compares each call with the
+  plan's (op, attributes, which values, gradient bits, and the input layouts the *plan*
+  expects there). The first difference — another op, shape, layout, a data-dependent
+  branch — ends the replay for the rest of the window: later calls take the per-op choice
+  (every candidate computes the same value, so nothing changes but where collectives run),
+  the deviation is counted, and the window is learned again at its end. After
+  :data:`_GIVE_UP` plans in a row fail, the process stops planning (counted) until
+  :func:`step_plan` is called again.
+
+On by default; ``ct.step_plan(False)`` turns it off (and forgets the plan). What the plan
+chose against the per-op choice, per call: :func:`report` (``ct.debug.step_plan()``).
+
+How it plugs in: calls are observed by wrapping :func:`ctensor.dispatch.apply` (every op
+front calls it through the module) and the step's end by wrapping
+:func:`ctensor.autograd.backward`; the choice is changed only through the planner's advisor.
+"""
+from __future__ import annotations
+
+import time
+import weakref
+from typing import Optional
+
+from . import autograd, dispatch, planner, runtime
+from .sbp import format_sbp
+from .stepsolve import solve
+
+__all__ = ["step_plan", "enabled", "report", "StepPlanReport", "reset"]
+
+_MAX_CALLS = 200_000  # a window longer than this is not recorded (no backward in sight)
+_GIVE_UP = 3  # plans in a row that fail: stop planning
+
+
+class Call:
+    """One recorded op call (see the module docstring)."""
+
+    __slots__ = ("opdef", "attrs_key", "attrs", "layouts", "inputs", "req", "targets", "outs",
+                 "fixed", "out_values", "out_shards", "transparent", "per_op")
+
+    def __init__(self, opdef, attrs_key, attrs, layouts, inputs, req, targets, outs, fixed):
+        self.opdef, self.attrs_key, self.attrs = opdef, attrs_key, attrs
+        self.layouts, self.inputs, self.req = layouts, inputs, req
+        self.targets, self.outs, self.fixed = targets, outs, fixed
+        self.out_values = self.out_shards = ()
+        self.transparent = False  # a composite: its inner calls take the inputs
+        self.per_op = None  # while replayed: the per-op choice's signature per mesh axis
+
+
+class _Plan:
+    """A solved window: the calls, per call the chosen option and the per-op one, the
+    input layouts the plan expects at each call."""
+
+    def __init__(self, calls, values, chosen, per_op, totals, seconds):
+        self.calls, self.values = calls, values
+        self.chosen, self.per_op = chosen, per_op
+        self.totals, self.seconds = totals, seconds
+        layout = []
+        for val in values:
+            if val[0] == "ext":
+                layout.append(val[1])
+            elif val[0] == "to":
+                layout.append(val[2])
+            else:
+                opt = chosen[val[1]]
+                layout.append((opt.outs if val[0] == "out" else opt.targets)[val[2]])
+        self.expected = [tuple(layout[v] for v in c.inputs) for c in calls]
+        self.rows = None
+
+
+class _State:
+    def __init__(self):
+        self.enabled = True
+        self.world = None
+        self.started = False
+        self.window = 0
+        self.plan: Optional[_Plan] = None
+        self.following = False
+        self.failures = 0  # plans in a row that failed
+        self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
+                      "solve_seconds": 0.0, "last_deviation": None}
+        self.previous = None  # the last unplanned window's sequence (see _shape)
+        self.depth = 0  # nested backward() calls
+        self.inside = None  # the call being recorded (op, tensors)
+        self._new_window()
+
+    def _new_window(self):
+        self.calls: list = []
+        self.values: list = []
+        self.ids: dict = {}  # id(tensor) -> (weakref, value)
+        self.boxes: dict = {}  # (call, input) -> value
+        self.frames: list = []  # the calls whose backward functions are running
+        self.overflow = False
+
+
+_state = _State()
+_advice: Optional[tuple] = None  # (op, layouts, signatures per axis, answered) for the planner
+
+
+# ----------------------------------------------------------------------------- switches
+def step_plan(enable: bool = True) -> None:
+    """Turn whole-step planning on (the default) or off. Either way the learned plan and
+    the counters are forgotten. Call it alike on every rank.
+
+    >>> ct.step_plan(False)     # every op chooses its layouts alone, as before
+    """
+    if not isinstance(enable, bool):
+        raise TypeError(f"step_plan: argument 'enable' must be a bool, got "
+                        f"{type(enable).__name__}")
+    reset()
+    _state.enabled = enable
+
+
+def enabled() -> bool:
+    """Whether whole-step planning is on."""
+    return _state.enabled
+
+
+def reset() -> None:
+    """Forget the plan, the window being recorded and the counters."""
+    global _state
+    was = _state.enabled
+    _state = _State()
+    _state.enabled = was
+
+
+# ----------------------------------------------------------------------------- recording
+def _value(t, st: _State) -> int:
+    """The value ``t`` is in this window (a new external one on first sight). Inside the
+    backward of call ``i`` (``st.frames``), one of ``i``'s inputs is what ``i`` saved of it
+    (its boxed copy, or the input itself where it was not moved), and an unknown tensor is
+    a saved output (detached) or a saved boxed copy, told apart by layout."""
+    entry = st.ids.get(id(t))
+    v = entry[1] if entry is not None and entry[0]() is t else None
+    if st.frames:
+        i = st.frames[-1]
+        call = st.calls[i]
+        if v is not None:
+            return _box_value(st, i, call.inputs.index(v)) if v in call.inputs else v
+        # a saved output is a detached view of an output: the same shards
+        shards = id(t._shards)
+        for k, o in enumerate(call.out_shards):
+            if o == shards:
+                return call.out_values[k]
+        layout = t._layout
+        for k, x in enumerate(call.layouts):
+            if x.shape == layout.shape and x.dtype == layout.dtype and x is not layout:
+                return _box_value(st, i, k)
+    if v is not None:
+        return v
+    v = len(st.values)
+    st.values.append(("ext", t._layout, bool(t.requires_grad and t._node is None)))
+    st.ids[id(t)] = (weakref.ref(t), v)
+    return v
+
+
+def _box_value(st: _State, i: int, k: int) -> int:
+    v = st.boxes.get((i, k))
+    if v is None:
+        v = st.boxes[(i, k)] = len(st.values)
+        st.values.append(("box", i, k))
+    return v
+
+
+def _fixed_layout(opdef):
+    fixed = getattr(opdef, "fixed_layout", None)
+    return fixed if fixed is not None else getattr(opdef, "plan", None)
+
+
+def _observed(apply):
+    """``apply`` recorded (and, while a plan is followed, advised)."""
+
+    def observed_apply(opdef, tensors, attrs):
+        st = _state
+        if not st.enabled or st.overflow:
+            return apply(opdef, tensors, attrs)
+        if not st.calls:
+            if st.started and runtime.world() is not st.world:
+                reset()  # another world: what was learned is for the old one
+                st = _state
+            if not st.started:
+                if not (autograd.grad_mode.enabled and
+                        any(t.requires_grad for t in tensors)):
+                    return apply(opdef, tensors, attrs)
+                st.started, st.world = True, runtime.world()
+        if len(st.calls) >= _MAX_CALLS:
+            st.overflow, st.following = True, False
+            return apply(opdef, tensors, attrs)
+        inside = st.inside
+        if inside is not None and inside[0] is opdef and inside[1] is tensors:
+            return apply(opdef, tensors, attrs)  # the same call, re-entered (the profiler)
+        st.inside = (opdef, tensors)
+        try:
+            return _record(apply, st, opdef, tensors, attrs)
+        finally:
+            st.inside = inside
+
+    observed_apply.__wrapped__ = apply
+    return observed_apply
+
+
+def _record_move(apply, st: _State, opdef, tensors, attrs):
+    """A ``to_global`` call: not a call of the sequence (its front skips it when the tensor
+    is already where it is sent, so whether it runs depends on layouts), but a value: its
+    input boxed to a fixed layout."""
+    source = _value(tensors[0], st)
+    out = apply(opdef, tensors, attrs)
+    v = len(st.values)
+    st.values.append(("to", source, out._layout))
+    st.ids[id(out)] = (weakref.ref(out), v)
+    return out
+
+
+def _record(apply, st: _State, opdef, tensors, attrs):
+    global _advice
+    if opdef.name == "to_global":
+        return _record_move(apply, st, opdef, tensors, attrs)
+    layouts = tuple([t._layout for t in tensors])
+    inputs = tuple([_value(t, st) for t in tensors])
+    # (which inputs need a gradient decides what is recorded: only while grad mode is on)
+    req = tuple([t.requires_grad for t in tensors]) if autograd.grad_mode.enabled else ()
+    attrs_key = planner._attrs_key(attrs) if attrs else ()
+    pos = len(st.calls)
+    call = Call(opdef, attrs_key, attrs, layouts, inputs, req, None, None, False)
+    st.calls.append(call)
+    plan = st.plan if st.following else None
+    if plan is not None and not _follows(plan, pos, call):
+        st.following, plan = False, None
+        st.stats["deviations"] += 1
+        st.stats["last_deviation"] = (pos, opdef.name, _why(st.plan, pos, call))
+    # (asked on every planned call: the per-op choice is cached by the planner, but what it
+    # would pick can differ between steps, with the gradient destinations it weighs)
+    advised = plan is not None and plan.chosen[pos].sigs is not None
+    if advised:
+        _advice = [opdef, layouts, plan.chosen[pos].sigs, False, []]
+        advice = _advice
+        previous = planner.set_advisor(_advisor)
+    try:
+        out = apply(opdef, tensors, attrs)
+    finally:
+        if advised:
+            planner.set_advisor(previous)
+            if len(advice[4]) == len(advice[2]):
+                call.per_op = tuple(advice[4])
+            _advice = None
+    _finish(st, call, pos, opdef, out if type(out) is tuple else (out,))
+    return out
+
+
+def _finish(st: _State, call: Call, pos: int, opdef, outs) -> None:
+    """Note what the call ran in and its outputs; own its backward."""
+    call.outs = tuple(o._layout for o in outs)
+    fixed = _fixed_layout(opdef)
+    if len(st.calls) > pos + 1:  # a composite: its inner calls ran (and recorded) it
+        call.fixed, call.transparent = True, True
+        call.targets = call.layouts
+        return
+    if fixed is not None:
+        call.fixed = True
+        call.targets = fixed(call.layouts, **call.attrs)[0]
+    values = []
+    for k, o in enumerate(outs):
+        v = len(st.values)
+        st.values.append(("out", pos, k))
+        st.ids[id(o)] = (weakref.ref(o), v)
+        values.append(v)
+    call.out_values = tuple(values)
+    call.out_shards = tuple(id(o._shards) for o in outs)
+    node = outs[0]._node if outs and outs[0].requires_grad else None
+    if node is not None and node.backward_fn is not None and \
+            getattr(node.backward_fn, "_step_owned", None) is None:
+        node.backward_fn = _owned(node.backward_fn, pos, st.window)
+
+
+def _owned(backward_fn, pos: int, window: int):
+    """``backward_fn`` run with call ``pos`` as the owner of what it reads."""
+
+    def owned(grads):
+        st = _state
+        if st.window != window or not st.started or pos >= len(st.calls):
+            return backward_fn(grads)
+        st.frames.append(pos)
+        try:
+            return backward_fn(grads)
+        finally:
+            st.frames.pop()
+
+    owned._step_owned = True
+    return owned
+
+
+def _follows(plan: _Plan, pos: int, call: Call) -> bool:
+    """The replay guard: whether ``call`` is the plan's call ``pos`` in the layouts the
+    plan expects there."""
+    if pos >= len(plan.calls):
+        return False
+    rec = plan.calls[pos]
+    if rec.opdef is not call.opdef or rec.req != call.req or rec.attrs_key != call.attrs_key:
+        return False
+    if not all(a is b for a, b in zip(call.layouts, plan.expected[pos])):
+        return False
+    return _sources(plan.values, rec.inputs) == _sources(_state.values, call.inputs)
+
+
+def _sources(values: list, inputs: tuple) -> tuple:
+    """Where each input comes from, comparable across windows: an earlier call's output or
+    boxed input by position, or "outside the window"; through ``to_global`` (its layout is
+    checked apart)."""
+    out = []
+    for v in inputs:
+        val = values[v]
+        while val[0] == "to":
+            val = values[val[1]]
+        out.append(val if val[0] != "ext" else "ext")
+    return tuple(out)
+
+
+def _why(plan: _Plan, pos: int, call: Call) -> str:
+    """What differs at a failed guard, in words (``ct.debug.step_plan().last_deviation``)."""
+    if pos >= len(plan.calls):
+        return f"the plan has {len(plan.calls)} calls; this is one more"
+    rec = plan.calls[pos]
+    if rec.opdef is not call.opdef:
+        return f"the plan has {rec.opdef.name} here"
+    if rec.attrs_key != call.attrs_key:
+        return "other attributes"
+    if _sources(plan.values, rec.inputs) != _sources(_state.values, call.inputs) or \
+            rec.req != call.req:
+        return (f"other inputs ({_sources(_state.values, call.inputs)}, the plan's "
+                f"{_sources(plan.values, rec.inputs)})")
+    got = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in call.layouts)
+    want = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in plan.expected[pos])
+    return f"input layouts {got}, the plan expects {want}"
+
+
+def _advisor(opcall, choice):
+    """The planner's advisor while a planned call runs: the plan's signature per axis
+    (asked before any inner call of the op can run; it answers the one call only, and
+    :func:`_record` removes it when the call returns)."""
+    global _advice
+    advice = _advice
+    if advice is None or opcall.op is not advice[0] or opcall.layouts != advice[1]:
+        return None
+    sigs = advice[2]
+    advice[4].append(choice.picked)
+    if choice.axis == len(sigs) - 1:  # answered: an inner call of the op is not advised
+        _advice = None
+    sig = sigs[choice.axis]
+    if sig == choice.picked:
+        return None
+    return sig if sig in choice.candidates else None
+
+
+# ----------------------------------------------------------------------------- the step's end
+def _observed_backward(backward):
+    """``autograd.backward`` whose outermost end closes the step's window."""
+
+    def observed_backward(*args, **kwargs):
+        st = _state
+        st.depth += 1
+        ok = False
+        try:
+            out = backward(*args, **kwargs)
+            ok = True
+            return out
+        finally:
+            st.depth -= 1
+            if st.depth == 0 and st is _state:
+                _step_end(st, ok)
+
+    observed_backward.__wrapped__ = backward
+    return observed_backward
+
+
+class _SolverCall:
+    """What the solver reads of a recorded call."""
+
+    __slots__ = ("opdef", "attrs", "layouts", "targets", "outs", "fixed", "inputs")
+
+    def __init__(self, call: Call):
+        self.opdef, self.attrs, self.layouts = call.opdef, call.attrs, call.layouts
+        self.targets, self.outs, self.fixed = call.targets, call.outs, call.fixed
+        self.inputs = None if call.transparent else call.inputs
+
+
+def _step_end(st: _State, ok: bool) -> None:
+    if not st.enabled or not st.started:
+        return
+    plan = st.plan
+    if ok and plan is not None and st.following and len(st.calls) == len(plan.calls):
+        st.stats["replayed"] += 1
+        st.failures = 0
+    elif ok and st.calls and not st.overflow:
+        if plan is not None:
+            if st.following:  # it ended early
+                st.stats["deviations"] += 1
+            st.failures += 1
+            st.plan = None
+        shape = _shape(st.calls)
+        if st.failures >= _GIVE_UP:
+            st.enabled = False
+            st.stats["gave_up"] = True
+        elif shape == st.previous:  # the loop repeats: plan it
+            st.plan = _learn(st)
+        st.previous = shape
+    else:
+        st.previous = None
+    st.window += 1
+    st._new_window()
+    st.following = st.plan is not None
+
+
+def _shape(calls: list) -> tuple:
+    """What two windows must share for the loop to count as repeating: per call the op,
+    its attributes and input layouts."""
+    return tuple((c.opdef, c.attrs_key, c.layouts) for c in calls)
+
+
+def _learn(st: _State) -> _Plan:
+    start = time.perf_counter()
+    calls = [_SolverCall(c) for c in st.calls]
+    values = [v if v[0] != "ext" else v for v in st.values]
+    chosen, per_op, totals = solve(calls, values)
+    seconds = time.perf_counter() - start
+    st.stats["learned"] += 1
+    st.stats["solve_seconds"] = seconds
+    return _Plan(st.calls, values, chosen, per_op, totals, seconds)
+
+
+# ----------------------------------------------------------------------------- ct.debug view
+class StepPlanReport:
+    """What the step plan did (``ct.debug.step_plan()``): counters, and per planned call
+    where the plan's layouts differ from the per-op choice's.
+
+    ``learned``: windows solved; ``replayed``: windows that followed the plan to their end;
+    ``deviations``: replays that a guard ended early (each fell back to the per-op choice
+    for the rest of its window, silently); ``gave_up``: planning stopped after repeated
+    failures; ``solve_seconds``: the last solve's time; ``estimated``: the cost model's
+    seconds of the planned and the per-op step; ``rows``: per call ``(index, op, per-op
+    layouts, planned layouts)`` (layouts as ``inputs -> outputs`` in S/B/P notation).
+    """
+
+    def __init__(self, enabled, stats, plan):
+        self.enabled = enabled
+        self.learned, self.replayed = stats["learned"], stats["replayed"]
+        self.deviations, self.gave_up = stats["deviations"], stats["gave_up"]
+        self.solve_seconds = stats["solve_seconds"]
+        self.last_deviation = stats["last_deviation"]
+        self.calls = len(plan.calls) if plan is not None else 0
+        self.estimated = plan.totals if plan is not None else None
+        self.rows = _rows(plan) if plan is not None else []
+
+    @property
+    def changed(self) -> list:
+        """The rows whose planned layouts differ from the per-op choice."""
+        return [r for r in self.rows if r[2] != r[3]]
+
+    def summary(self, all_calls: bool = False) -> str:
+        head = (f"step plan: {'on' if self.enabled else 'off'}; {self.calls} calls, learned "
+                f"{self.learned}, replayed {self.replayed}, deviations {self.deviations}"
+                f"{', gave up' if self.gave_up else ''}")
+        if self.estimated is not None:
+            head += (f"; estimated {self.estimated[0] * 1e3:.3f} ms planned vs "
+                     f"{self.estimated[1] * 1e3:.3f} ms per-op (solved in "
+                     f"{self.solve_seconds:.3f} s)")
+        rows = self.rows if all_calls else self.changed
+        lines = [head, f"{'#':>5}  {'op':<24}{'per-op choice':<34}plan"]
+        for i, name, per_op, planned in rows:
+            lines.append(f"{i:>5}  {name:<24}{per_op:<34}{planned}")
+        return "\n".join(lines)
+
+    __str__ = summary
+
+
+def _format(sigs) -> str:
+    """Signatures per mesh axis as ``inputs -> outputs`` (axes joined by `` | ``)."""
+    return " | ".join(f"{format_sbp(s.inputs)} -> {format_sbp(s.outputs)}" for s in sigs)
+
+
+def _rows(plan: _Plan) -> list:
+    if plan.rows is None:
+        plan.rows = [(i, c.opdef.name, _format(c.per_op or p.sigs), _format(q.sigs))
+                     for i, (c, p, q) in enumerate(zip(plan.calls, plan.per_op, plan.chosen))
+                     if q.sigs is not None and p.sigs is not None]
+    return plan.rows
+
+
+def report() -> StepPlanReport:
+    """The step plan's counters and, per call, what the plan chose against what the per-op
+    choice would have (see :class:`StepPlanReport`).
+
+    >>> print(ct.debug.step_plan())
+    step plan: on; 412 calls, learned 1, replayed 3, deviations 0; ...
+        #  op                      per-op choice                     plan
+       14  mul                     P, B -> P                         B, B -> B
+    """
+    return StepPlanReport(_state.enabled, _state.stats, _state.plan)
+
+
+# ----------------------------------------------------------------------------- installation
+if not hasattr(dispatch.apply, "__wrapped__"):
+    dispatch.apply = _observed(dispatch.apply)
+if not hasattr(autograd.backward, "__wrapped__"):
+    autograd.backward = _observed_backward(autograd.backward)

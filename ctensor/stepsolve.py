@@ -1,0 +1,379 @@
+"""The step plan's solver: every recorded op call's signature chosen jointly.
+
+Input: the calls of one recorded step (:class:`Call`, from :mod:`ctensor.stepplan`), each
+with the *value* each input is (an earlier call's output, the copy an earlier call boxed
+one of its inputs to — what its backward reads —, or an external tensor of fixed layout).
+A call's **options** are its op's declared signatures, one per mesh axis combined (capped:
+beyond :data:`_MAX_OPTIONS` combinations only one axis at a time differs from the per-op
+choice). The total the solver minimises is the cost model's (:mod:`ctensor.cost`, through
+:func:`ctensor.boxing.cost` and :func:`ctensor.cost.compute`, the terms
+:mod:`ctensor.choice` prices):
+
+* per call, the kernel's compute on the largest shard in the option's layouts;
+* per value, boxing it once into each *distinct* layout its consumers take it in (dispatch
+  keeps one boxed copy per tensor and target, so a partial value needed whole by three
+  consumers is reduced once); moving a parameter costs ``choice._PINNED``.
+
+The search is an iterated local search from the per-op choice (what eager dispatch picked
+while the step was recorded), in the spirit of OneFlow's auto-parallel SBP search: a move
+sets one call's option and then re-chooses, greedily and in program order, each later call
+whose inputs it changed (a bounded cascade: changing a producer is only worth something if
+its consumers follow); the move is kept when the total falls. Sweeps over the calls repeat
+until one finds nothing (or :data:`_SWEEPS`). Each move touches a bounded neighbourhood,
+so a sweep is linear in the calls. Deterministic: lists and program order only (no set
+or hash order), so every rank, given the same record, makes the same plan.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import Optional
+
+import numpy as np
+
+from . import boxing
+from . import cost as cost_model
+from .choice import _PINNED
+from .layout import Layout
+
+__all__ = ["solve", "options_of"]
+
+_MAX_OPTIONS = 64  # per call: beyond this many per-axis combinations, one axis at a time
+_CASCADE = 48  # calls re-chosen by one move at most
+_SWEEPS = 4
+_PULL_DEPTH = 8  # producers a pull move walks up at most
+_TOL = 1e-12  # seconds: a move must gain more than this
+
+
+class Option:
+    """One way to run a call: per mesh axis the signature (``picks``, indices into that
+    axis's candidate list), the input layouts after boxing, the output layouts, and the
+    kernel's estimated seconds."""
+
+    __slots__ = ("picks", "sigs", "targets", "outs", "compute")
+
+    def __init__(self, picks, sigs, targets, outs, compute):
+        self.picks, self.sigs = picks, sigs
+        self.targets, self.outs, self.compute = targets, outs, compute
+
+
+def _candidates(opdef, layouts, attrs, ndim):
+    if opdef.per_axis:
+        return [list(opdef.signatures(layouts, mesh_axis=a, **attrs)) for a in range(ndim)]
+    cands = list(opdef.signatures(layouts, **attrs))
+    return [cands] * ndim
+
+
+def _option(opdef, layouts, attrs, out_meta, axis_cands, picks) -> Optional[Option]:
+    placement = layouts[0].placement
+    in_sbp = [list(l.sbp) for l in layouts]
+    out_sbp = [[None] * placement.ndim for _ in out_meta]
+    for axis, p in enumerate(picks):
+        cand = axis_cands[axis][p]
+        if cand.composite:
+            return None
+        for i in range(len(layouts)):
+            in_sbp[i][axis] = cand.inputs[i]
+        for j in range(len(out_meta)):
+            out_sbp[j][axis] = cand.outputs[j]
+    targets = tuple(l.with_sbp(tuple(s)) for l, s in zip(layouts, in_sbp))
+    outs = tuple(Layout(tuple(shape), np.dtype(dtype), placement, tuple(s))
+                 for (shape, dtype), s in zip(out_meta, out_sbp))
+    seconds = 0.0
+    if not opdef.view:
+        first = placement.rank_list[0]
+        nbytes = sum(l.local_nbytes(first) for l in targets) + \
+            sum(l.local_nbytes(first) for l in outs)
+        flops = None
+        if opdef.flops is not None:
+            flops = opdef.flops([l.local_shape(first) for l in targets],
+                                [l.local_shape(first) for l in outs], **attrs)
+        seconds = cost_model.compute(placement.device, nbytes, flops)
+    sigs = tuple(axis_cands[axis][p] for axis, p in enumerate(picks))
+    return Option(tuple(picks), sigs, targets, outs, seconds)
+
+
+def options_of(call) -> tuple:
+    """``(options, index of the recorded choice)`` of one recorded call. A call whose
+    layouts are fixed (an explicit redistribution, a composite) has its one option; the
+    recorded choice is the option whose outputs are the ones the call gave (ties: the one
+    that boxes fewest inputs, then the earlier declared)."""
+    layouts = call.layouts
+    if call.fixed or not layouts:
+        return [Option(None, None, call.targets, call.outs, 0.0)], 0
+    opdef, attrs = call.opdef, call.attrs
+    ndim = layouts[0].placement.ndim
+    axis_cands = _candidates(opdef, layouts, attrs, ndim)
+    out_meta = [(l.shape, l.dtype) for l in call.outs]
+    recorded = tuple(_recorded_pick(cands, axis, call) for axis, cands in enumerate(axis_cands))
+    if None in recorded:
+        return [Option(None, None, layouts, call.outs, 0.0)], 0
+    sizes = [len(c) for c in axis_cands]
+    if int(np.prod(sizes)) <= _MAX_OPTIONS:
+        combos = itertools.product(*[range(s) for s in sizes])
+    else:
+        combos = [recorded] + [recorded[:a] + (p,) + recorded[a + 1:]
+                               for a in range(ndim) for p in range(sizes[a])
+                               if p != recorded[a]]
+    options, chosen = [], None
+    for picks in combos:
+        opt = _option(opdef, layouts, attrs, out_meta, axis_cands, tuple(picks))
+        if opt is None:
+            continue
+        if tuple(picks) == recorded:
+            chosen = len(options)
+        options.append(opt)
+    if chosen is None:
+        return [Option(None, None, layouts, call.outs, 0.0)], 0
+    return options, chosen
+
+
+def _recorded_pick(cands, axis, call):
+    best, best_moved = None, None
+    for p, c in enumerate(cands):
+        if c.composite or any(o.sbp[axis] != e for o, e in zip(call.outs, c.outputs)):
+            continue
+        moved = sum(l.sbp[axis] != e for l, e in zip(call.layouts, c.inputs))
+        if best is None or moved < best_moved:
+            best, best_moved = p, moved
+    return best
+
+
+class _Problem:
+    """The calls as integers: values, their consumers, the current option per call."""
+
+    def __init__(self, calls, values):
+        self.opts, self.cur = [], []
+        for call in calls:
+            opts, chosen = options_of(call)
+            self.opts.append(opts)
+            self.cur.append(chosen)
+        self.recorded = list(self.cur)
+        # values: ("ext", layout, pinned) | ("out", i, k) | ("box", i, k) |
+        # ("to", source value, layout)
+        self.values = values
+        self.inputs = [call.inputs for call in calls]
+        self.consumers = [[] for _ in values]
+        self.produced = [[] for _ in calls]
+        # a value moved by to_global: its source is boxed to the fixed layout once more
+        self.moves = [[] for _ in values]
+        for v, val in enumerate(values):
+            if val[0] in ("out", "box"):
+                self.produced[val[1]].append(v)
+            elif val[0] == "to":
+                self.moves[val[1]].append(val[2])
+        for i, ins in enumerate(self.inputs):
+            if ins is None:
+                continue
+            for k, v in enumerate(ins):
+                self.consumers[v].append((i, k))
+        # an output no recorded call takes (a parameter's gradient on its way to the
+        # buckets, the loss) leaves the step: it is charged the move back to the layout
+        # the per-op choice gave it, which weighed where it goes next (the gradient's
+        # destination)
+        for v, val in enumerate(values):
+            if val[0] == "out" and not self.consumers[v] and not self.moves[v]:
+                self.moves[v].append(self.opts[val[1]][self.cur[val[1]]].outs[val[2]])
+        self._box_cost: dict = {}
+        self.edge = [self.edge_cost(v) for v in range(len(values))]
+
+    def layout(self, v):
+        val = self.values[v]
+        if val[0] == "ext":
+            return val[1]
+        if val[0] == "to":
+            return val[2]
+        opt = self.opts[val[1]][self.cur[val[1]]]
+        return (opt.outs if val[0] == "out" else opt.targets)[val[2]]
+
+    def box(self, src, dst) -> float:
+        key = (src, dst)
+        hit = self._box_cost.get(key)
+        if hit is None:
+            hit = boxing.cost(src, dst) + 1e-12
+            self._box_cost[key] = hit
+        return hit
+
+    def edge_cost(self, v) -> float:
+        """Seconds of boxing value ``v`` into each distinct layout its consumers take."""
+        src = self.layout(v)
+        opts, cur = self.opts, self.cur
+        seen, total = None, 0.0
+        for i, k in self.consumers[v]:
+            t = opts[i][cur[i]].targets[k]
+            if t is src or (seen is not None and t in seen):
+                continue
+            if seen is None:
+                seen = [t]
+            else:
+                seen.append(t)
+            total += self.box(src, t)
+        for t in self.moves[v]:
+            if t is not src and (seen is None or t not in seen):
+                seen = [t] if seen is None else seen + [t]
+                total += self.box(src, t)
+        if seen is not None and self.values[v][0] == "ext" and self.values[v][2]:
+            total += sum(_PINNED for t in seen if boxing.communicates(src, t))
+        return total
+
+    def local(self, i, o, outputs: bool = True) -> float:
+        """Call ``i``'s own share with option ``o``: its compute, the boxing of its inputs
+        (with what other consumers take), and (``outputs``) its outputs' boxing into what
+        their consumers take now."""
+        saved = self.cur[i]
+        self.cur[i] = o
+        total = self.opts[i][o].compute
+        if self.inputs[i] is not None:
+            for v in dict.fromkeys(self.inputs[i]):
+                total += self.edge_cost(v)
+        if outputs:
+            for v in self.produced[i]:
+                total += self.edge_cost(v)
+        self.cur[i] = saved
+        return total
+
+    def total(self) -> float:
+        return sum(self.opts[i][c].compute for i, c in enumerate(self.cur)) + sum(self.edge)
+
+
+def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
+    """Set each call ``i`` of ``seeds`` (``(i, option)`` pairs) to its option, re-choose
+    the later calls that changes, and keep the result when the total falls (else put
+    everything back). Each re-chosen call weighs its inputs' boxing and compute, and with
+    ``lookahead`` its outputs' boxing into what their consumers take now (without it a
+    partial value flows on to where it is needed: the consumers re-choose after it)."""
+    p = problem
+    old, touched, heap = {}, {}, []
+    for i, o in seeds:
+        if i not in old:  # (a call may take the value twice: its first option is kept)
+            old[i] = p.cur[i]
+        p.cur[i] = o
+        touched.update(dict.fromkeys(p.produced[i]))
+        if p.inputs[i] is not None:
+            touched.update(dict.fromkeys(p.inputs[i]))
+    for i, _ in seeds:
+        for v in p.produced[i]:
+            for j, _ in p.consumers[v]:
+                if j > i and j not in old:
+                    heapq.heappush(heap, j)
+    done = 0
+    while heap and done < _CASCADE:
+        j = heapq.heappop(heap)
+        if j in old or len(p.opts[j]) == 1:
+            continue
+        done += 1
+        before = p.cur[j]
+        best = min(range(len(p.opts[j])), key=lambda q: (p.local(j, q, lookahead), q != before))
+        if best == before:
+            continue
+        old[j] = before
+        p.cur[j] = best
+        touched.update(dict.fromkeys(p.produced[j]))
+        touched.update(dict.fromkeys(p.inputs[j]))
+        for v in p.produced[j]:
+            for c, _ in p.consumers[v]:
+                if c > j and c not in old:
+                    heapq.heappush(heap, c)
+    new_edges = {v: p.edge_cost(v) for v in touched}
+    delta = sum(p.opts[j][p.cur[j]].compute - p.opts[j][was].compute for j, was in old.items())
+    delta += sum(new_edges[v] - p.edge[v] for v in touched)
+    if delta < -_TOL:
+        for v, c in new_edges.items():
+            p.edge[v] = c
+        return True
+    for j, was in old.items():
+        p.cur[j] = was
+    return False
+
+
+def _pull(p: _Problem, v: int, layout, seeds: dict, depth: int) -> bool:
+    """Add to ``seeds`` the producers that make value ``v`` in ``layout`` directly (and,
+    up to ``depth`` calls up, their producers in turn for what they then take): a
+    gather paid late is paid early instead, on the smaller or unsplit producer."""
+    val = p.values[v]
+    if val[0] != "out" or depth == 0:
+        return False
+    i, k = val[1], val[2]
+    if i in seeds:
+        return seeds[i] is not None and p.opts[i][seeds[i]].outs[k] is layout
+    fits = [q for q, opt in enumerate(p.opts[i]) if opt.outs[k] is layout]
+    if not fits:
+        return False
+    q = min(fits, key=lambda q: (p.local(i, q, False), q))
+    seeds[i] = q
+    for kk, u in enumerate(p.inputs[i] or ()):
+        target = p.opts[i][q].targets[kk]
+        src = p.layout(u)
+        if src is not target and boxing.communicates(src, target):
+            _pull(p, u, target, seeds, depth - 1)
+    return True
+
+
+def _pull_moves(p: _Problem, j: int) -> list:
+    """Per input of call ``j`` whose boxing communicates: the upstream move that produces
+    it in the layout ``j`` takes (see :func:`_pull`)."""
+    moves = []
+    opt = p.opts[j][p.cur[j]]
+    for k, v in enumerate(p.inputs[j] or ()):
+        src, target = p.layout(v), opt.targets[k]
+        if src is target or not boxing.communicates(src, target):
+            continue
+        seeds: dict = {}
+        if _pull(p, v, target, seeds, _PULL_DEPTH):
+            moves.append([(i, q) for i, q in sorted(seeds.items()) if q != p.cur[i]])
+    return [m for m in moves if m]
+
+
+def _shared_moves(p: _Problem, v: int) -> list:
+    """The joint moves of value ``v``'s consumers: per layout some consumer could take it
+    in, every consumer that can set to its cheapest option taking ``v`` so (one boxed copy
+    shared, or none)."""
+    consumers = [(i, k) for n, (i, k) in enumerate(p.consumers[v]) if len(p.opts[i]) > 1
+                 and all(i != j for j, _ in p.consumers[v][:n])]
+    if len(consumers) < 2:
+        return []
+    layouts = []
+    for i, k in consumers:
+        for opt in p.opts[i]:
+            if opt.targets[k] not in layouts:
+                layouts.append(opt.targets[k])
+    moves = []
+    for layout in layouts:
+        seeds = []
+        for i, k in consumers:
+            fits = [q for q, opt in enumerate(p.opts[i]) if opt.targets[k] is layout]
+            if fits:
+                seeds.append((i, min(fits, key=lambda q: (p.local(i, q, False), q))))
+        if len(seeds) >= 2 and any(p.cur[i] != q for i, q in seeds):
+            moves.append(seeds)
+    return moves
+
+
+def solve(calls, values, time_limit: Optional[float] = None) -> tuple:
+    """Per call the chosen :class:`Option` and the per-op one, and the estimated totals
+    ``(planned, per-op)`` in seconds."""
+    import time
+    start = time.perf_counter()
+    p = _Problem(calls, values)
+    before = p.total()
+    for _ in range(_SWEEPS):
+        improved = False
+        for i in range(len(calls)):
+            for o in range(len(p.opts[i])):
+                if o != p.cur[i] and _try(p, [(i, o)], True):
+                    improved = True
+            for v in p.produced[i]:
+                for seeds in _shared_moves(p, v):
+                    if _try(p, seeds, True) or _try(p, seeds, False):
+                        improved = True
+            for seeds in _pull_moves(p, i):
+                if _try(p, seeds, True):
+                    improved = True
+            if time_limit is not None and time.perf_counter() - start > time_limit:
+                break
+        if not improved or (time_limit is not None and
+                            time.perf_counter() - start > time_limit):
+            break
+    chosen = [p.opts[i][c] for i, c in enumerate(p.cur)]
+    per_op = [p.opts[i][c] for i, c in enumerate(p.recorded)]
+    return chosen, per_op, (p.total(), before)
