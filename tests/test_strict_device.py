@@ -177,16 +177,11 @@ def test_a_checkpoint_save_is_an_explicit_transfer(strict, tmp_path):
 
 # ============================================================================ shared tests
 SAMPLES, _ = collect()
-#: samples whose op reads the device on the host, by design or not yet fixed: a
-#: data-dependent output shape (nonzero, masked_select, x[mask]: the count, documented in
-#: ops/selection.py) and scatter's writes (boolean masks in ops/scatter.py; not in a training
-#: step). Strict mode must refuse them; a fix moves a name out of here.
+#: samples whose op reads the device on the host by design: a data-dependent output shape
+#: (nonzero, masked_select, x[mask]: the count, documented in ops/selection.py). Strict mode
+#: must refuse them.
 HOST_SYNCING = {"getitem_mask", "getitem_mask_leading", "getitem_mask_inner", "nonzero",
-                "nonzero_as_tuple", "argwhere", "masked_select", "masked_select_broadcast",
-                "scatter", "scatter_value", "scatter_reduce_add", "scatter_reduce_multiply",
-                "scatter_add", "scatter_add_smaller", "scatter_reduce", "scatter_reduce_mean",
-                "scatter_reduce_amax", "scatter_reduce_amin", "scatter_reduce_prod",
-                "scatter_reduce_", "scatter_", "scatter_add_"}
+                "nonzero_as_tuple", "argwhere", "masked_select", "masked_select_broadcast"}
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: s.name)

@@ -37,11 +37,12 @@ from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import B, P, S, defop, norm_dim, sig
 from .embedding import check_int
+from ..arrays import is_host
 from .embedding import index_add as add_at
 from ._checks import check_range
 
 __all__ = ["scatter", "scatter_add", "take_along_dim", "scatter_targets", "scatter_signatures",
-           "multiply_at"]
+           "multiply_at", "scratch_target", "scratch_result"]
 
 _REDUCES = (None, "add", "multiply")
 
@@ -78,7 +79,11 @@ def _signatures(layouts, dim, reduce):
 
 def scatter_targets(xp, opname: str, index, dim: int, ctx):
     """The local positions (a tuple of coordinate arrays) the index elements inside this
-    shard's part of the output write to, and which index elements those are (a mask)."""
+    shard's part of the output write to, and which index elements those are (a mask).
+
+    On a device (no boolean mask: a data-dependent shape, a host synchronisation) every
+    element gets a position, those outside this shard the scratch row one past the end of
+    dim 0 (:func:`scratch_target`), and the mask is ``None``."""
     size = ctx.out_layouts[0].shape[dim]
     check_range(xp, opname, index, size, lambda lo, hi: f"{opname}: argument 'index' must "
                 f"hold values in [0, {size}), got values in [{lo}, {hi}]")
@@ -94,7 +99,24 @@ def scatter_targets(xp, opname: str, index, dim: int, ctx):
             c = xp.broadcast_to(xp.arange(*index_region[a]).reshape(shape), index.shape)
         inside &= (c >= lo) & (c < hi)
         coords.append(c - lo)
-    return tuple(c[inside] for c in coords), inside
+    if is_host(index):
+        return tuple(c[inside] for c in coords), inside
+    rows = x_region[0][1] - x_region[0][0]
+    return tuple(xp.where(inside, c, rows if a == 0 else 0) for a, c in enumerate(coords)), None
+
+
+def scratch_target(xp, out, inside):
+    """``(target, values_of)``: where a scatter writes (``out``, or on a device ``out`` with
+    the scratch row appended) and how its values are picked from ``src``."""
+    if inside is not None:
+        return out, lambda src: src[inside]
+    extra = xp.zeros((1,) + tuple(out.shape[1:]), dtype=out.dtype)
+    return xp.concatenate([out, extra], axis=0), lambda src: src
+
+
+def scratch_result(out, target):
+    """``target`` without the scratch row (``out`` itself on the host)."""
+    return target if target.shape[0] == out.shape[0] else target[:out.shape[0]].copy()
 
 
 def _kernel(xp, x, index, src, dim, reduce, ctx):
@@ -102,14 +124,15 @@ def _kernel(xp, x, index, src, dim, reduce, ctx):
     if index.size == 0 or out.size == 0:
         return out
     where, inside = scatter_targets(xp, "scatter", index, dim, ctx)
-    values = src[inside]
+    target, values_of = scratch_target(xp, out, inside)
+    values = values_of(src)
     if reduce is None:
-        out[where] = values
+        target[where] = values
     elif reduce == "add":
-        add_at(xp, out, where, values)
+        add_at(xp, target, where, values)
     else:
-        multiply_at(xp, out, where, values)
-    return out
+        multiply_at(xp, target, where, values)
+    return scratch_result(out, target)
 
 
 def multiply_at(xp, out, where, values) -> None:

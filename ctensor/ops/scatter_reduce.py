@@ -30,7 +30,8 @@ from ..tensor import Tensor
 from ._rules import defop, norm_dim
 from .embedding import check_int
 from .embedding import index_add as add_at
-from .scatter import multiply_at, scatter_signatures, scatter_targets
+from .scatter import (multiply_at, scatter_signatures, scatter_targets, scratch_result,
+                      scratch_target)
 
 __all__ = ["scatter_reduce"]  # (scatter_reduce_ is in inplace.py, with the other in-place ops)
 
@@ -68,26 +69,28 @@ def _kernel(xp, x, index, src, dim, reduce, include_self, ctx):
     if index.size == 0 or out.size == 0:
         return out
     where, inside = scatter_targets(xp, "scatter_reduce", index, dim, ctx)
-    values = src[inside]
+    target, values_of = scratch_target(xp, out, inside)
+    values = values_of(src)
     if not include_self:
-        out[where] = _identity(out.dtype, reduce)
+        target[where] = _identity(out.dtype, reduce)
     if reduce in ("sum", "mean"):
-        add_at(xp, out, where, values)
+        add_at(xp, target, where, values)
     elif reduce == "prod":
-        multiply_at(xp, out, where, values)
+        multiply_at(xp, target, where, values)
     else:
         ufunc = xp.maximum if reduce == "amax" else xp.minimum
-        ufunc.at(out, where, values)
-    if reduce == "mean":
-        count = xp.zeros(out.shape, dtype=np.int64)
+        ufunc.at(target, where, values)
+    if reduce == "mean":  # (where, not a boolean mask: no host synchronisation on a GPU)
+        count = xp.zeros(target.shape, dtype=np.int64)
         add_at(xp, count, where, xp.ones(values.shape, dtype=np.int64))
         touched = count > 0
-        count = count + (1 if include_self else 0)
+        count = xp.maximum(count + (1 if include_self else 0), 1)
         if out.dtype.kind == "f":
-            out[touched] = out[touched] / count[touched]
+            mean = target / count
         else:  # PyTorch: integer means round down
-            out[touched] = out[touched] // count[touched]
-    return out
+            mean = target // count
+        target = xp.where(touched, mean.astype(out.dtype), target)
+    return scratch_result(out, target)
 
 
 def _backward(ctx, g):
