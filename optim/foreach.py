@@ -10,14 +10,16 @@ all-reduce they are), are updated together:
 
 * the gradients are read in place when they are consecutive views of one buffer (the
   gradient bucket's flat storage, as ``backward()`` leaves them), else concatenated;
-* the states live in one flat buffer per rank and each state tensor is a view of it
-  (``state_dict`` sees ordinary tensors; a loaded or replaced state is gathered again);
+* the states live in one flat buffer per rank, updated in place (as PyTorch's), and each
+  state tensor is a view of it (``state_dict`` sees ordinary tensors whose values, as in
+  PyTorch, move on with later steps; a loaded or replaced state is gathered again);
 * the parameters are gathered into one buffer, updated by the same kernel, and written
   back into their own shards in place (their identity and in-place write count as
   ``copy_`` keeps them).
 
 The arithmetic is elementwise and the same as the per-parameter kernel's, in the same
-order, so the bits are the same. Anything else (sharded states, a gradient in another
+order, so the bits are the same. The kernel's temporaries are a few times a chunk's size:
+:data:`CHUNK` bounds a chunk (parameters past it start another). Anything else (sharded states, a gradient in another
 layout, shape-only tensors, mixed steps) takes the per-parameter path.
 """
 from __future__ import annotations
@@ -31,7 +33,11 @@ from ctensor.arrays import array_module
 from ctensor.meta import MetaBuffer
 from ctensor.tensor import Tensor
 
-__all__ = ["plan_groups", "FlatStates"]
+__all__ = ["plan_groups", "FlatStates", "CHUNK"]
+
+#: the most elements one multi-tensor kernel call takes (its temporaries are a few times
+#: this; a longer group is cut into chunks of whole parameters)
+CHUNK = 2 ** 22
 
 
 def plan_groups(optimizer, group: dict, names: tuple) -> tuple:
@@ -93,17 +99,16 @@ def _gather(xp, arrays: list):
 
 def adam_kernel(xp, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, step):
     """``ct.fused_adam``'s kernel (the same operations in the same order, so the same
-    bits) writing the new parameter into ``p``, the gathered flat copy this module owns,
-    instead of two fresh arrays."""
+    bits) updating ``p``, ``m`` and ``v`` in place: flat buffers this module owns."""
     if weight_decay and decoupled:
         p *= 1.0 - lr * weight_decay
     elif weight_decay:
         g = g + p * weight_decay
-    m = m * beta1
+    m *= beta1
     m += g * (1.0 - beta1)
     gg = g * g
     gg *= 1.0 - beta2
-    v = v * beta2
+    v *= beta2
     v += gg
     denom = xp.sqrt(v)
     denom /= math.sqrt(1.0 - beta2 ** step)
@@ -111,7 +116,6 @@ def adam_kernel(xp, p, g, m, v, lr, beta1, beta2, eps, weight_decay, decoupled, 
     update = xp.divide(m, denom, out=gg)  # (gg is free again: one array fewer)
     update *= lr / (1.0 - beta1 ** step)
     p -= update
-    return p, m, v
 
 
 class FlatStates:
@@ -121,7 +125,7 @@ class FlatStates:
     def __init__(self, params: list, names: tuple):
         self.ids = tuple(id(p) for p in params)
         self.names = names
-        self.flats: dict = {}
+        self.flats: dict = {n: {} for n in names}  # (empty on a rank outside the placement)
         self.views: dict = {}  # name -> [state tensor per parameter]
 
     def valid(self, params: list, states: list) -> bool:
@@ -131,26 +135,27 @@ class FlatStates:
 
 def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, kernel,
           **attrs) -> "FlatStates":
-    """Run ``kernel(xp, P, G, *states, **attrs) -> (new P, *new states)`` (``P`` a copy
-    it may write into, the others read only) over one flat buffer per rank for ``params`` (laid out alike, states initialised, see the module
-    docstring); write the parameters back in place and the states as views. Returns the
-    flat states to reuse at the next step."""
+    """Run ``kernel(xp, P, G, *states, **attrs)``, which updates ``P`` (a gathered copy of
+    the parameters) and the flat states in place, over one flat buffer per rank for
+    ``params`` (laid out alike, states initialised; see the module docstring); write the
+    parameters back in place. Returns the flat states to reuse at the next step."""
     fresh = cache is None or not cache.valid(params, states)
     if fresh:
         cache = FlatStates(params, names)
-    new_flats = {n: {} for n in names}
     offsets, results = {}, {}
     for rank, p0 in params[0]._shards.items():  # every rank's update before any write: in
         xp = array_module(p0)                   # a simulation ranks may share an array
         shards = [p._shards[rank] for p in params]
         offsets[rank] = np.cumsum([0] + [a.size for a in shards]).tolist()
-        S = [_gather(xp, [s[n]._shards[rank] for s in states]) if fresh
-             else cache.flats[n][rank] for n in names]
+        if fresh:  # (copies: the states' own buffers may be shared)
+            for n in names:
+                cache.flats.setdefault(n, {})[rank] = xp.concatenate(
+                    [s[n]._shards[rank].reshape(-1) for s in states]).astype(p0.dtype,
+                                                                            copy=False)
         P = xp.concatenate([a.reshape(-1) for a in shards])  # (a copy: written into)
-        out = kernel(xp, P, _gather(xp, [p.grad._shards[rank] for p in params]), *S, **attrs)
-        results[rank] = out[0]
-        for n, arr in zip(names, out[1:]):
-            new_flats[n][rank] = arr if arr.dtype == p0.dtype else arr.astype(p0.dtype)
+        kernel(xp, P, _gather(xp, [p.grad._shards[rank] for p in params]),
+               *[cache.flats[n][rank] for n in names], **attrs)
+        results[rank] = P
     for i, p in enumerate(params):  # in place, as copy_ writes
         for rank, new in results.items():
             a, lo, hi = p._shards[rank], offsets[rank][i], offsets[rank][i + 1]
@@ -158,12 +163,16 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
                 a = p._shards[rank] = a.copy()  # never into a shared read-only shard
             a[...] = new[lo:hi].reshape(a.shape)
         p._version.value += 1
-    cache.flats = new_flats
+    if not fresh:  # the state tensors are views of the flat buffers, written in place
+        for n in names:
+            for t in cache.views[n]:
+                t._version.value += 1
+        return cache
     for n in names:
         views = []
         for i, (p, s) in enumerate(zip(params, states)):
             shards = {rank: flat[offsets[rank][i]:offsets[rank][i + 1]].reshape(
-                p._shards[rank].shape) for rank, flat in new_flats[n].items()}
+                p._shards[rank].shape) for rank, flat in cache.flats[n].items()}
             s[n] = Tensor(p._layout, shards)
             ct.debug.tag_memory(s[n], "optimizer")
             views.append(s[n])
@@ -219,3 +228,17 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
         g._version.value += 1
     from ctensor.layout import Layout
     return Tensor(Layout((), dtype, layout.placement, layout.sbp), totals)
+
+
+def chunks(params: list) -> list:
+    """``params`` cut into runs of whole parameters of at most :data:`CHUNK` elements each
+    (one parameter longer than that is a run of its own)."""
+    runs, run, size = [], [], 0
+    for p in params:
+        n = p.numel()
+        if run and size + n > CHUNK:
+            runs.append(run)
+            run, size = [], 0
+        run.append(p)
+        size += n
+    return runs + [run] if run else runs

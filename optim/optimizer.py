@@ -137,12 +137,13 @@ class Optimizer:
         names, kernel, attrs = fused
         flat, single = foreach.plan_groups(self, group, names)
         for key, params in flat.items():
-            states = [self._state_for(p, *key[:2]) for p in params]
-            for s in states:
-                s["step"] += 1
-            cache = self._flat.get((index, key[:3]))
-            self._flat[(index, key[:3])] = foreach.apply(
-                params, states, cache, names, kernel, **attrs(states[0]["step"]))
+            for chunk, part in enumerate(foreach.chunks(params)):
+                states = [self._state_for(p, *key[:2]) for p in part]
+                for s in states:
+                    s["step"] += 1
+                where = (index, key[:3], chunk)
+                self._flat[where] = foreach.apply(part, states, self._flat.get(where), names,
+                                                  kernel, **attrs(states[0]["step"]))
         return single
 
     def _foreach_kernel(self, group: dict):

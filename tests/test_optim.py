@@ -596,3 +596,22 @@ def test_clip_grad_norm_foreach_is_the_per_gradient_clip_bit_for_bit(mesh, max_n
     np.testing.assert_array_equal(t0, t1)
     for a, b in zip(g0, g1):
         np.testing.assert_array_equal(a, b)
+
+
+def test_foreach_in_chunks_and_states_written_in_place(mesh, monkeypatch):
+    from ctensor.optim import foreach
+    want, _, _ = _mlp_steps(mesh, foreach=False)
+    monkeypatch.setattr(foreach, "CHUNK", 50)  # one or two parameters per kernel call
+    assert [len(c) for c in foreach.chunks([ct.zeros(40), ct.zeros(8), ct.zeros(60)])] == \
+        [2, 1]
+    got, opt, model = _mlp_steps(mesh, foreach=None)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    w = model[0].weight
+    m = opt.state[id(w)]["exp_avg"]
+    before, version = m.numpy().copy(), m._version.value
+    (model(ct.ones(12, 6, placement=mesh, sbp=(ct.sbp.broadcast,) * mesh.ndim)) ** 2) \
+        .mean().backward()
+    opt.step()
+    assert opt.state[id(w)]["exp_avg"] is m and m._version.value == version + 1
+    assert not np.array_equal(m.numpy(), before)
