@@ -97,6 +97,8 @@ def module():
     else:
         _device = int(cupy.cuda.Device().id)
     _cupy = cupy
+    if _mode == "error":  # set before CuPy was first used: CuPy's own guard now
+        _cupy_guard(True)
     return cupy
 
 
