@@ -93,6 +93,9 @@ class _Plan:
                 layout.append((opt.outs if val[0] == "out" else opt.targets)[val[2]])
         self.expected = [tuple(layout[v] for v in c.inputs) for c in calls]
         self.rows = None
+        # per call: whether the planner must be advised (False once a replay found the
+        # per-op choice to be the plan's there)
+        self.advise = [True] * len(calls)
 
 
 class _State:
@@ -255,9 +258,9 @@ def _record(apply, st: _State, opdef, tensors, attrs):
         st.following, plan = False, None
         st.stats["deviations"] += 1
         st.stats["last_deviation"] = (pos, opdef.name, _why(st.plan, pos, call))
-    # (asked on every planned call: the per-op choice is cached by the planner, but what it
-    # would pick can differ between steps, with the gradient destinations it weighs)
-    advised = plan is not None and plan.chosen[pos].sigs is not None
+    # (the planner prices every candidate again while an advisor is installed: only the
+    # calls where the plan differs from the per-op choice are advised after the first replay)
+    advised = plan is not None and plan.advise[pos] and plan.chosen[pos].sigs is not None
     if advised:
         _advice = [opdef, layouts, plan.chosen[pos].sigs, False, []]
         advice = _advice
@@ -269,6 +272,7 @@ def _record(apply, st: _State, opdef, tensors, attrs):
             planner.set_advisor(previous)
             if len(advice[4]) == len(advice[2]):
                 call.per_op = tuple(advice[4])
+                plan.advise[pos] = call.per_op != advice[2]
             _advice = None
     _finish(st, call, pos, opdef, out if type(out) is tuple else (out,))
     return out
