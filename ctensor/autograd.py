@@ -17,13 +17,16 @@ import weakref
 from typing import Callable, Iterator, Optional, Sequence
 
 from . import grad_hooks, gradsync
+from . import graph  # ct.autograd.graph (PyTorch's torch.autograd.graph): saved-tensor hooks
+from .graph import regather_saved, saved_hooks, saved_tensors_hooks
 from . import profile as _profile
 from .grad_hooks import RemovableHandle
 from .registry import OPS
 from .sbp import Broadcast, dual
 
 __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function",
-           "FunctionContext", "RemovableHandle", "saved_tensors_hooks", "regather_saved",
+           "FunctionContext", "RemovableHandle", "graph", "saved_tensors_hooks", "saved_hooks",
+           "regather_saved",
            "graph_handle", "graph_leaves", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
            "bucket_size", "set_bucket_size", "GradMode", "grad_mode"]
@@ -109,68 +112,6 @@ def _tensor(t):
 
 def is_grad_enabled() -> bool:
     return grad_mode.enabled
-
-
-_hooks: list = []  # (pack, unpack) of saved_tensors_hooks, innermost last
-
-
-def saved_hooks():
-    """The innermost ``(pack, unpack)`` of :func:`saved_tensors_hooks`, or None."""
-    return _hooks[-1] if _hooks else None
-
-
-@contextlib.contextmanager
-def saved_tensors_hooks(pack: Callable, unpack: Callable) -> Iterator[None]:
-    """Inside the block, every tensor an op saves for its backward goes through
-    ``pack(tensor) -> anything`` when the op runs and ``unpack(anything) -> tensor`` when
-    its backward runs (PyTorch's ``torch.autograd.graph.saved_tensors_hooks``): the way
-    to keep less memory between forward and backward, e.g. to free a gathered parameter
-    after the forward and gather it again for the backward.
-
-    >>> with ct.autograd.saved_tensors_hooks(lambda t: t.numpy(), lambda a: ct.tensor(a)):
-    ...     y = (x * w).sum()
-    """
-    if not callable(pack) or not callable(unpack):
-        raise TypeError("saved_tensors_hooks: arguments 'pack' and 'unpack' must be callable")
-    _hooks.append((pack, unpack))
-    try:
-        yield
-    finally:
-        _hooks.pop()
-
-
-#: one list per open :func:`regather_saved` block: ``(weak reference to a source, target
-#: layout)`` of every input whose gathered copy a backward context gave up inside it
-_regather: list = []
-
-
-@contextlib.contextmanager
-def regather_saved() -> Iterator[None]:
-    """Inside the block, an op whose backward reads an input it had to gather (boxed to a
-    layout holding more bytes per rank than the input's own, as ``S(1)`` to ``B``) keeps
-    the input as it came and gathers it again when its backward runs: the memory of a
-    shard instead of the whole between forward and backward, for one more collective in
-    the backward (Megatron-LM sequence parallelism's re-gather of a linear layer's input).
-
-    Ops inside the block still share one gathered copy (query, key and value of one
-    input); leaving the block drops it, so it lives only as long as something else holds
-    it. ``nn.parallel.sequence_parallel`` runs every transformer block (and the LM head)
-    inside one. Values and gradients are the same either way.
-
-    >>> with ct.autograd.regather_saved():
-    ...     y = x_seq_split @ w           # x is gathered for the matmul; y's backward
-    ...                                   # gathers x again instead of keeping the copy
-    """
-    made: list = []
-    _regather.append(made)
-    try:
-        yield
-    finally:
-        _regather.pop()
-        for ref, target in made:  # the gathered copies shared inside the block
-            source = ref()
-            if source is not None and source._boxed:
-                source._boxed.pop(target, None)
 
 
 @contextlib.contextmanager
@@ -359,48 +300,8 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
     try:
         with no_grad():
             for node in order:
-                entries = [pending.pop((id(node), i), (None, None)) for i in range(node.n_outputs)]
-                if node.hooks:  # Tensor.register_hook on this node's outputs
-                    entries = [(t, g if g is None else grad_hooks.apply(node.hooks.get(i), g))
-                               for i, (t, g) in enumerate(entries)]
-                for t, g in entries:  # a non-leaf's gradient is complete when its node runs
-                    t = _tensor(t)
-                    if t is not None and g is not None:
-                        if capture is not None and id(t) in capture:
-                            captured[id(t)] = g
-                        elif t._retains_grad and capture is None:
-                            t.grad = g.detach() if t.grad is None else OPS.add(t.grad, g)
-                outs = [g for _, g in entries]
-                if any(g is not None for g in outs):
-                    if node.backward_fn is None:
-                        raise RuntimeError("backward: trying to backward through the graph "
-                                           "a second time; pass retain_graph=True to the "
-                                           "first backward()")
-                    previous = grad_mode.destinations
-                    grad_mode.destinations = _toward(node.inputs)
-                    try:
-                        in_grads = node.backward_fn(outs)
-                    finally:
-                        grad_mode.destinations = previous
-                    if not retain_graph:
-                        node.backward_fn = None
-                    for t, g in zip(node.inputs, in_grads):
-                        if t is None or g is None:
-                            continue
-                        if t._node is None:
-                            _accumulate(leaf_grads, id(t), t, g)
-                        else:
-                            _accumulate(pending, (id(t._node), t._out_index), t, g)
-                for t in node.inputs:  # leaves whose every use has run: gradient final
-                    if t is not None and t._node is None:
-                        uses[id(t)] -= 1
-                        if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
-                            _deposit(sync, *leaf_grads.pop(id(t)))
-                if not retain_graph and node.backward_fn is None:
-                    # the node has run for good: let go of its inputs, so activations are
-                    # freed as the backward goes (not only when the graph's last tensor
-                    # goes); a second backward through it still raises, via backward_fn
-                    node.inputs = ()
+                _run_node(node, pending, leaf_grads, uses, sync, capture, captured,
+                          retain_graph)
                 if sync is not None:
                     sync.progress()
             if capture is not None:
@@ -420,6 +321,54 @@ def _run(roots: Sequence, grads: Sequence, retain_graph: bool, capture=None) -> 
         if capture is None and not nested:
             _outer_leaves = outer
     return captured
+
+
+def _run_node(node: Node, pending: dict, leaf_grads: dict, uses: dict, sync, capture,
+              captured: dict, retain_graph: bool) -> None:
+    """One node of :func:`_run`: its output gradients through their hooks, its backward,
+    the input gradients accumulated (a leaf's handed to ``sync`` once final)."""
+    entries = [pending.pop((id(node), i), (None, None)) for i in range(node.n_outputs)]
+    if node.hooks:  # Tensor.register_hook on this node's outputs
+        entries = [(t, g if g is None else grad_hooks.apply(node.hooks.get(i), g))
+                   for i, (t, g) in enumerate(entries)]
+    for t, g in entries:  # a non-leaf's gradient is complete when its node runs
+        t = _tensor(t)
+        if t is not None and g is not None:
+            if capture is not None and id(t) in capture:
+                captured[id(t)] = g
+            elif t._retains_grad and capture is None:
+                t.grad = g.detach() if t.grad is None else OPS.add(t.grad, g)
+    outs = [g for _, g in entries]
+    if any(g is not None for g in outs):
+        if node.backward_fn is None:
+            raise RuntimeError("backward: trying to backward through the graph "
+                               "a second time; pass retain_graph=True to the "
+                               "first backward()")
+        previous = grad_mode.destinations
+        grad_mode.destinations = _toward(node.inputs)
+        try:
+            in_grads = node.backward_fn(outs)
+        finally:
+            grad_mode.destinations = previous
+        if not retain_graph:
+            node.backward_fn = None
+        for t, g in zip(node.inputs, in_grads):
+            if t is None or g is None:
+                continue
+            if t._node is None:
+                _accumulate(leaf_grads, id(t), t, g)
+            else:
+                _accumulate(pending, (id(t._node), t._out_index), t, g)
+    for t in node.inputs:  # leaves whose every use has run: gradient final
+        if t is not None and t._node is None:
+            uses[id(t)] -= 1
+            if uses[id(t)] == 0 and id(t) in leaf_grads and sync is not None:
+                _deposit(sync, *leaf_grads.pop(id(t)))
+    if not retain_graph and node.backward_fn is None:
+        # the node has run for good: let go of its inputs, so activations are
+        # freed as the backward goes (not only when the graph's last tensor
+        # goes); a second backward through it still raises, via backward_fn
+        node.inputs = ()
 
 
 def _deposit(sync, leaf, g) -> None:

@@ -36,10 +36,13 @@ One declaration makes:
 An op written entirely with other ops (``clamp``) is declared with :func:`defop` too,
 without a kernel: its front is the public function.
 
-:func:`apply` checks placements, computes the output metadata, picks per mesh axis the
-signature whose cost is lowest (ties: the earlier declared; cached per op, attributes and
-input layouts), boxes the inputs (each distinct input once), runs the kernel on every held
-shard and records the op on the autograd tape.
+:func:`apply` is the one op lifecycle (``docs/design.md``, "How an op runs"): the call's
+bits (which inputs need a gradient, are parameters, are one tensor) and the autograd state
+(:data:`ctensor.autograd.grad_mode`) go to the planner (:func:`ctensor.planner.plan_for`:
+the signature per mesh axis, cached per :class:`~ctensor.planner.OpCall`); the executor
+(:func:`ctensor.executor.execute`) boxes the inputs that move and runs the kernel on every
+held shard (arrays, shape-only, or started: ``to_global(..., async_op=True)``); the tape
+(:func:`ctensor.tape.record`) records the op for its backward.
 """
 from __future__ import annotations
 
@@ -48,19 +51,15 @@ import inspect
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 
-from . import autograd, boxing, quiet, saved, shapeonly
 from . import profile as _profile
-from .arrays import array_module
-from .layout import Layout
-from .meta import MetaBuffer
+from . import tape
+from .autograd import grad_mode
+from .executor import KernelContext, execute, start
 from .operands import as_tensor
 from .planner import plan_for
 from .registry import OPS, OpRecord
-from .saved import BackwardContext, LayoutOnly, Regather
-from .autograd import grad_mode
-from .runtime import world
+from .saved import BackwardContext
 from .sbp import format_sbp
 from .tensor import TENSOR_TYPES, Tensor
 
@@ -292,53 +291,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     return wrap
 
 
-@dataclass
-class KernelContext:
-    """What a kernel may need about its shard: its rank and the logical regions
-    (``(start, stop)`` per dim) of its (boxed) inputs and of its outputs."""
-
-    rank: int
-    in_layouts: tuple
-    out_layouts: tuple
-
-    def in_region(self, i: int) -> tuple:
-        return self.in_layouts[i].region(self.rank)
-
-    def out_region(self, i: int = 0) -> tuple:
-        return self.out_layouts[i].region(self.rank)
-
-
 # --------------------------------------------------------------------------- apply
-def _stale(opdef: OpDef, tensors: Sequence) -> None:
-    """Raise the error for tensors whose shards belong to another world (a finished
-    simulation), or re-raise the original problem."""
-    w = world()
-    for t in tensors:
-        missing = [r for r in w.held_ranks if r in t.placement and r not in t._shards]
-        if missing or any(r not in w.held_ranks for r in t._shards):
-            raise ValueError(f"{opdef.name}: an input tensor of shape {tuple(t.shape)} on "
-                             f"{t.placement!r} belongs to another world (its shards are those "
-                             f"of ranks {sorted(t._shards)}, this process now holds ranks "
-                             f"{list(w.held_ranks)}): tensors made inside a ct.simulate block "
-                             f"cannot be used after it ends; keep the work inside the block "
-                             f"or take its value with .numpy() before leaving it")
-
-
-def _conform(opdef: OpDef, arr, xp, rank: int, layout: Layout, expected: tuple):
-    """A kernel's local result as an array of the output's dtype, checked to have the
-    local shape the output layout gives ``rank`` (a mismatch is a kernel bug, never user
-    error)."""
-    if type(arr) is not np.ndarray:
-        arr = xp.asarray(arr)
-    if arr.dtype is not layout.dtype and arr.dtype != layout.dtype:
-        arr = arr.astype(layout.dtype)
-    if arr.shape != expected:
-        raise RuntimeError(f"{opdef.name}: kernel returned local shape {arr.shape} on rank "
-                           f"{rank}, expected {expected} for {format_sbp(layout.sbp)} of "
-                           f"{layout.shape}")
-    return arr
-
-
 _CAST = "to"
 
 
@@ -350,9 +303,12 @@ def _casts_leaf(node) -> bool:
     return src is not None and src._node is None
 
 
-def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
-    """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``."""
-    if _profile.on and _profile.outer(opdef):  # ct.debug.profile(): this call, timed
+def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
+    """Run ``opdef`` on ``tensors`` (scalars already promoted) with ``attrs``: the one op
+    lifecycle (see "How an op runs" in docs/design.md). ``started=True`` (a fixed-layout op
+    of one input: ``to_global(..., async_op=True)``) returns ``(pending, finish)`` from
+    :func:`ctensor.executor.start` instead of the output."""
+    if _profile.on and not started and _profile.outer(opdef):  # ct.debug.profile()
         return _profile.op(apply, opdef, tensors, attrs)
     # (the hot path of every op: on a plan-cache hit it does little more than the kernel)
     grads = pinned = 0  # bit i: input i needs a gradient / is a parameter
@@ -387,124 +343,25 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict):
     if grads and (opdef.backward is None or not grad_mode.enabled):
         grads = 0  # (the choice weighs the backward only when there will be one)
     plan = plan_for(opdef, attrs, layouts, grad_mode.destinations, grads, pinned, same)
-    targets, out_layouts, single = plan.targets, plan.out_layouts, plan.single
     if plan.composite:  # written with other ops, which dispatch and record themselves
         return opdef.composite(*tensors, **attrs)
-
-    boxed = tensors
-    if plan.moved:
-        boxed = list(tensors)
-        for i in plan.moved:
-            boxed[i] = saved.boxed(opdef, tensors[i], targets[i], plan.aliases[i])
-
-    if type(boxed[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
-        outputs = shapeonly.run(opdef, boxed, targets, out_layouts, attrs, plan)
-    else:
-        xp, kernel = plan.xp or array_module(out_layouts[0].placement.device), opdef.kernel
-        token = quiet.off()  # no RuntimeWarning: inf/nan as PyTorch gives (ctensor/quiet.py)
-        timed = _profile.on and _profile.kernel_enter(opdef)
-        try:
-            if plan.unrolled:
-                # (the common case, unrolled: one output, no context, one or two inputs)
-                # (local shapes are a function of the plan: checked on its first run only)
-                result, first, check = {}, boxed[0]._shards, not plan.verified
-                second = boxed[1]._shards if len(boxed) == 2 else None
-                dtype = out_layouts[0].dtype
-                for rank, a in first.items():
-                    arr = kernel(xp, a, **attrs) if second is None else \
-                        kernel(xp, a, second[rank], **attrs)
-                    if type(arr) is not np.ndarray or arr.dtype is not dtype or \
-                            (check and arr.shape != plan.shapes[rank][0]):
-                        arr = _conform(opdef, arr, xp, rank, out_layouts[0],
-                                       plan.shapes[rank][0])
-                    result[rank] = arr
-                plan.verified = True
-                results = (result,)
-            else:
-                results = [{} for _ in out_layouts]
-                for rank in boxed[0]._shards:
-                    arrays = [b._shards[rank] for b in boxed]
-                    if opdef.needs_ctx:
-                        out = kernel(xp, *arrays, ctx=KernelContext(rank, targets, out_layouts),
-                                     **attrs)
-                    else:
-                        out = kernel(xp, *arrays, **attrs)
-                    if single:
-                        out = (out,)
-                    expected = plan.shapes[rank]
-                    for j, arr in enumerate(out):
-                        results[j][rank] = _conform(opdef, arr, xp, rank, out_layouts[j],
-                                                    expected[j])
-        except KeyError:
-            _stale(opdef, tensors)
-            raise
-        finally:
-            quiet.restore(token)
-            if timed:
-                _profile.leave()
-        outputs = [Tensor(out_layouts[0], results[0])] if single else \
-            [Tensor(l, r) for l, r in zip(out_layouts, results)]
+    if started:
+        return _start(opdef, plan, tensors, attrs, grads)
+    boxed, outputs = execute(opdef, plan, tensors, attrs)
     if opdef.view and boxed[0] is tensors[0]:  # outputs share the input's shards, and so
         for o in outputs:                        # its count of in-place writes
             o._version = tensors[0]._version
-
     if grads:
-        # inputs as they are (the backward runs under no_grad, and they point upstream
-        # only); outputs detached, or output -> node -> context -> output would be a cycle
-        # only what the backward reads the values of (``saves``) is kept: the other inputs
-        # as their layouts, so an op's intermediate inputs are freed as soon as no later op
-        # needs them (an add keeps neither operand alive)
-        keep, keep_out, needs, watch = plan.record or \
-            saved.recording(plan, opdef, grads, layouts)
-        saved_out = tuple([o.detach() for o in outputs]) if keep_out else ()
-        if keep is None:
-            kept_in = tuple(boxed)
-        elif n == 2:
-            kept_in = (boxed[0] if keep[0] else saved.layout_only(boxed[0]),
-                       boxed[1] if keep[1] else saved.layout_only(boxed[1]))
-        else:
-            kept_in = tuple([t if k else saved.layout_only(t) for t, k in zip(boxed, keep)])
-        regather = ()
-        if autograd._regather and plan.moved:  # gathered inputs: gathered again later
-            kept_in, regather = saved.regathered(plan, tensors, kept_in)
-        ctx = BackwardContext(kept_in, saved_out, attrs, opdef, layouts, needs)
-        hooks = autograd._hooks[-1] if autograd._hooks else None  # (saved_hooks(), inline)
-        if hooks is not None:  # the saved tensors are kept the way the hooks decide (of
-            pack, unpack = hooks  # an input gathered again: the tensor it is gathered from)
-            ctx.inputs = tuple(t if type(t) is LayoutOnly else
-                               Regather(pack(t.source), t.target) if type(t) is Regather
-                               else pack(t) for t in ctx.inputs)
-            ctx.outputs = tuple(t if type(t) is LayoutOnly else pack(t) for t in ctx.outputs)
-        # the in-place write counts of what the backward reads (boxed copies are private;
-        # a regathered input's own count: it is boxed again from it)
-        watched = [(boxed[i]._version, boxed[i]._version.value) for i in watch] if watch \
-            else []
-        for i in regather:
-            watched.append((tensors[i]._version, tensors[i]._version.value))
-        if keep_out:
-            watched += [(o._version, o._version.value) for o in saved_out]
-        backward = opdef.backward
+        tape.record(opdef, plan, tensors, boxed, outputs, attrs, grads)
+    return outputs[0] if plan.single else tuple(outputs)
 
-        def backward_fn(grads, ctx=ctx, backward=backward, watched=watched, hooks=hooks,
-                        regather=regather):
-            for version, value in watched:
-                if version.value != value:
-                    raise RuntimeError(f"backward: a tensor needed for the gradient of "
-                                       f"{ctx.op.name} was modified by an in-place operation "
-                                       f"after it was used; compute on a copy (x.clone()) or "
-                                       f"do the in-place update after backward()")
-            if hooks is not None or regather:
-                unpack = hooks[1] if hooks is not None else None
-                ctx = BackwardContext(
-                    tuple(t.boxed(ctx.op, unpack) if type(t) is Regather else
-                          t if type(t) is LayoutOnly or unpack is None else unpack(t)
-                          for t in ctx.inputs),
-                    tuple(t if type(t) is LayoutOnly or unpack is None else unpack(t)
-                          for t in ctx.outputs),
-                    ctx.attrs, ctx.op, ctx.in_layouts, ctx.needs_input_grad)
-            if single:
-                return backward(ctx, grads[0])
-            return backward(ctx, *grads)
 
-        autograd.attach(opdef.name, tensors, outputs, backward_fn)
-    return outputs[0] if single else tuple(outputs)
+def _start(opdef: OpDef, plan, tensors: Sequence, attrs: dict, grads: int):
+    """:func:`apply` with the started executor (``to_global(..., async_op=True)``): the move
+    starts now; the result is made, and recorded on the tape, when it is waited for."""
+    def finish(boxed, outputs):
+        if grads:
+            tape.record(opdef, plan, tensors, boxed, outputs, attrs, grads)
+        return outputs[0]
+
+    return start(opdef, plan, tensors[0], finish)

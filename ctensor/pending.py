@@ -1,19 +1,16 @@
 """Started ops: the asynchronous side of dispatch.
 
-``x.to_global(placement, sbp, async_op=True)`` boxes with the asynchronous executor
-(:func:`ctensor.boxing.box_start`) instead of :func:`ctensor.boxing.box`: the move starts
-now and its result, a tensor recorded for autograd like ``to_global``'s, is made when it is
-waited for. Like :mod:`ctensor.dispatch`, this module calls boxing; ops call it.
+``x.to_global(placement, sbp, async_op=True)`` runs through :func:`ctensor.dispatch.apply`
+with the started executor (:func:`ctensor.executor.start`): the move starts now and its
+result, a tensor recorded for autograd like ``to_global``'s, is made when it is waited
+for.
 """
 from __future__ import annotations
 
 from typing import Callable, Optional
 
-from . import autograd, boxing
-from .comm import context
-from .dispatch import BackwardContext, OpDef
+from .dispatch import OpDef, apply
 from .layout import Layout
-from .meta import MetaBuffer
 from .tensor import Tensor
 
 __all__ = ["PendingTensor", "start"]
@@ -54,30 +51,14 @@ class PendingTensor:
 
 def start(opdef: OpDef, x: Tensor, target: Layout) -> PendingTensor:
     """Start boxing ``x`` into ``target`` for ``opdef`` (``to_global``, whose kernel is the
-    identity) with :func:`boxing.box_start`; the tensor made at ``wait()`` is recorded for
-    autograd with ``opdef``'s backward (the reverse move) when ``x`` needs a gradient now."""
+    identity): :func:`ctensor.dispatch.apply` with the started executor
+    (:func:`ctensor.executor.start`, :func:`boxing.box_start`); the tensor made at
+    ``wait()`` is recorded on the tape like ``to_global``'s when ``x`` needs a gradient
+    now."""
     if x._layout is target or x._layout == target:
         return PendingTensor(None, tensor=x)
-    if type(x._shards) is MetaBuffer:  # shape-only: nothing moves, so nothing is pending
-        return PendingTensor(None, tensor=opdef(x, placement=target.placement, sbp=target.sbp))
-    context.op_stack.append(opdef.name)
-    try:
-        pending = boxing.box_start(x._shards, x._layout, target)
-    finally:
-        context.op_stack.pop()
-    needs_grad = bool(opdef.backward is not None and autograd.is_grad_enabled()
-                      and x.requires_grad)
-    views = boxing.aliases(x._layout, target)
-
-    def finish(shards: dict) -> Tensor:
-        out = Tensor(target, shards)
-        if views:  # slices of x's shards: they share its count of in-place writes
-            out._version = x._version
-        if needs_grad:
-            ctx = BackwardContext((x,), (), {}, opdef, (x._layout,), (True,))
-            with autograd.enable_grad():
-                autograd.record(opdef.name, [x], [out],
-                                lambda grads: opdef.backward(ctx, grads[0]))
-        return out
-
+    pending, finish = apply(opdef, (x,), {"placement": target.placement, "sbp": target.sbp},
+                            started=True)
+    if pending is None:  # nothing moves (a shape-only run): the tensor is made already
+        return PendingTensor(None, tensor=finish)
     return PendingTensor(pending, finish)

@@ -93,20 +93,20 @@ class OpPlan:
     (``targets``), the output layouts, which inputs move (``moved``) and whether each
     boxing only views its input (``aliases``), or ``composite`` (the op's composite runs).
 
-    ``record`` is reserved for the tape (:class:`ctensor.tape.Tape`): what it keeps of this
+    ``keeps`` is reserved for the tape (:func:`ctensor.tape.record`): what it keeps of this
     plan's ops, worked out on the first recorded run. ``verified`` and ``xp`` belong to the
     array executor (:mod:`ctensor.executor`): whether a run has checked the kernel's local
     shapes, and the array module."""
 
     __slots__ = ("call", "targets", "out_layouts", "single", "composite", "aliases", "moved",
-                 "unrolled", "verified", "record", "grows", "picks", "xp", "_shapes")
+                 "unrolled", "verified", "keeps", "grows", "picks", "xp", "_shapes")
 
     def __init__(self, call: OpCall, targets: tuple, out_layouts: tuple, composite: bool):
         op = call.op
         self.call, self.targets, self.out_layouts = call, targets, out_layouts
         self.composite = composite
         self.single = op.n_outputs == 1
-        self.record = None
+        self.keeps = None
         self.grows = None  # the moved inputs whose boxing gathers (more bytes per rank)
         # the common case the array executor runs unrolled: one output, no kernel
         # context, one or two inputs

@@ -1,33 +1,23 @@
-"""What the tape keeps of an op for its backward, and the boxed copies of its inputs.
+"""What a backward context holds: the saved inputs and outputs of one op.
 
-:func:`ctensor.dispatch.apply` boxes each input an op needs in another layout once
-(:func:`boxed`: the copy is cached on the tensor while it lives) and keeps for the
-backward only what the op's ``saves`` names (:func:`recording`, worked out once per plan):
-the other inputs as a :class:`LayoutOnly`, and, inside
-:func:`ctensor.autograd.regather_saved`, a gathered input as a :class:`Regather` (its
-source and target layout, boxed again when the backward runs). The backward receives a
-:class:`BackwardContext`.
+The tape (:func:`ctensor.tape.record`) keeps for an op's backward only what the op's
+``saves`` names: the other inputs as a :class:`LayoutOnly`. Inside
+:func:`ctensor.graph.regather_saved` a gathered input is packed as a :class:`Regather` (its
+source and target layout, boxed again when the backward unpacks it). The backward receives
+a :class:`BackwardContext`.
 """
 from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
-import numpy as np
-
-from . import autograd, boxing, shapeonly
-from .comm import context
+from . import executor
+from .graph import SelfUnpacking
 from .layout import Layout
-from .meta import MetaBuffer, max_bytes, rank_bytes
 from .tensor import Tensor
 
-if TYPE_CHECKING:
-    from .dispatch import OpDef
-    from .planner import OpPlan as _Plan
-
-__all__ = ["LayoutOnly", "Regather", "BackwardContext", "boxed", "recording", "regathered",
-           "layout_only"]
+__all__ = ["LayoutOnly", "Regather", "BackwardContext", "layout_only"]
 
 
 class LayoutOnly:
@@ -65,48 +55,50 @@ def layout_only(t: Tensor) -> LayoutOnly:
     return kept
 
 
-class Regather:
-    """What a backward context keeps, inside :func:`ctensor.autograd.regather_saved`, of
-    an input the op had to gather: the input as it came and the layout it was boxed to;
-    the backward boxes it again (see :func:`regathered`)."""
+class Regather(SelfUnpacking):
+    """What :func:`ctensor.graph.regather_saved` keeps of an input the op had to gather:
+    the input as it came (``source``, itself packed by the innermost saved-tensor hooks), the
+    layout it was boxed to, and the source's count of in-place writes then; unpacking boxes
+    it again. The block holds one per gathered copy (with a weak reference to the source:
+    calling it with the innermost ``(pack, unpack)`` gives the packed value; :meth:`release`
+    drops the shared copy when the block ends)."""
 
-    __slots__ = ("source", "target")
+    __slots__ = ("opdef", "source", "target", "version", "value", "unpack_source")
 
-    def __init__(self, source: Tensor, target: Layout):
-        self.source, self.target = source, target
+    def __init__(self, opdef: Any, source, target: Layout):
+        self.opdef, self.target = opdef, target
+        self.source = weakref.ref(source)  # (the block's prototype; packed ones hold it)
+        self.version, self.value = source._version, source._version.value
+        self.unpack_source = None
 
-    def boxed(self, opdef: OpDef, unpack: Optional[Callable] = None) -> Tensor:
-        """The input again, boxed (its source first unpacked by ``saved_tensors_hooks``,
+    def __call__(self, hooks: tuple) -> Optional["Regather"]:
+        source = self.source()
+        if source is None:  # (gone: the copy is kept as it is)
+            return None
+        packed = Regather.__new__(Regather)
+        packed.opdef, packed.target = self.opdef, self.target
+        packed.version, packed.value = self.version, self.value
+        packed.source, packed.unpack_source = hooks[0](source), hooks[1]
+        return packed
+
+    def unpack(self, outer_unpack: Optional[Callable]) -> Tensor:
+        """The input again, boxed (its source first unpacked by the hooks that packed it,
         which saw the source, not the copy)."""
-        source = self.source if unpack is None else unpack(self.source)
-        return boxed(opdef, source, self.target, False)
+        if self.version.value != self.value:
+            raise RuntimeError(f"backward: a tensor needed for the gradient of "
+                               f"{self.opdef.name} was modified by an in-place operation "
+                               f"after it was used; compute on a copy (x.clone()) or do the "
+                               f"in-place update after backward()")
+        return executor.boxed(self.opdef, self.unpack_source(self.source), self.target, False)
+
+    def release(self) -> None:
+        """Drop the gathered copy the ops inside the block shared (kept on the source)."""
+        source = self.source() if type(self.source) is weakref.ref else self.source
+        if source is not None and source._boxed:
+            source._boxed.pop(self.target, None)
 
     def __repr__(self) -> str:
-        return f"Regather({self.source._layout!r} -> {self.target!r})"
-
-
-def _grows(source: Layout, target: Layout) -> bool:
-    """Whether boxing ``source`` to ``target`` (one placement) holds more bytes on some
-    rank than ``source`` does: a gather, whose copy a backward need not keep."""
-    return source.placement == target.placement and \
-        max_bytes(rank_bytes(target)) > max_bytes(rank_bytes(source))
-
-
-def regathered(plan: _Plan, tensors: Sequence, kept_in: tuple) -> tuple:
-    """``kept_in`` with each gathered input whose values the backward reads replaced by
-    its :class:`Regather` (inside ``regather_saved``), and which inputs those are."""
-    grows = plan.grows
-    if grows is None:
-        grows = plan.grows = tuple(i for i in plan.moved if not plan.aliases[i] and
-                                   _grows(tensors[i]._layout, plan.targets[i]))
-    hit = tuple(i for i in grows if type(kept_in[i]) is Tensor)
-    if not hit:
-        return kept_in, hit
-    kept, made = list(kept_in), autograd._regather[-1]
-    for i in hit:
-        kept[i] = Regather(tensors[i], plan.targets[i])
-        made.append((weakref.ref(tensors[i]), plan.targets[i]))
-    return tuple(kept), hit
+        return f"Regather(-> {self.target!r})"
 
 
 @dataclass(slots=True)
@@ -118,7 +110,7 @@ class BackwardContext:
     inputs: tuple
     outputs: tuple
     attrs: dict
-    op: OpDef
+    op: Any
     in_layouts: tuple
     #: per input, whether it needs a gradient (a backward may skip the others: return None)
     needs_input_grad: tuple = ()
@@ -126,57 +118,3 @@ class BackwardContext:
     def needs_grad(self, i: int) -> bool:
         """Whether input ``i`` needs a gradient (True when unknown)."""
         return self.needs_input_grad[i] if i < len(self.needs_input_grad) else True
-
-
-def boxed(opdef: OpDef, t: Tensor, target: Layout, aliases: bool) -> Tensor:
-    """``t`` boxed to ``target``, once: the copy is kept on ``t`` while ``t`` lives and is
-    not written in place, so later ops (q, k and v of one ``x``; the two matmuls of a
-    gradient) reuse it. Not kept for parameters (leaves that require grad: they live all
-    run long, and sharded ones must not keep a gathered copy), nor by ``to_global`` (an
-    explicit redistribution gives a tensor of its own); kept copies are read-only, so an
-    in-place write to a view of one copies it first."""
-    cache = t._boxed
-    if cache is not None:
-        hit = cache.get(target)
-        if hit is not None:
-            version, layout, copy = hit
-            if version == t._version.value and layout is t._layout:
-                return copy
-            del cache[target]
-    context.op_stack.append(opdef.name)  # names the op in the communication log
-    try:
-        if type(t._shards) is MetaBuffer:  # shape-only: the steps are recorded, not run
-            copy = Tensor(target, shapeonly.box(t._shards, t._layout, target))
-        else:
-            copy = Tensor(target, boxing.box(t._shards, t._layout, target))
-    finally:
-        context.op_stack.pop()
-    if aliases:  # views of t: they share t's count of in-place writes
-        copy._version = t._version
-    elif opdef.fixed_layout is None and not (t.requires_grad and t._node is None):
-        if type(copy._shards) is not MetaBuffer:
-            for arr in copy._shards.values():
-                if type(arr) is np.ndarray:
-                    arr.flags.writeable = False
-        if cache is None:
-            cache = t._boxed = {}
-        cache[target] = (t._version.value, t._layout, copy)
-    return copy
-
-
-def recording(plan: _Plan, opdef: OpDef, grads: int, layouts: tuple) -> tuple:
-    """What the tape keeps for a plan's backward, worked out once per plan (the plan's key
-    holds which inputs need a gradient): per input whether its values are kept (``None``:
-    all are), whether the outputs are, ``needs_input_grad``, and the inputs whose in-place
-    write counts are watched."""
-    n = len(layouts)
-    saves = opdef.saves
-    if callable(saves):  # what is read depends on which inputs need a gradient
-        saves = saves(grads, layouts)
-    keep = None if saves is None else tuple(i in saves for i in range(n))
-    keep_out = saves is None or "outputs" in saves
-    needs = tuple(bool(grads >> i & 1) for i in range(n))
-    watch = tuple(range(n)) if saves is None else \
-        tuple(i for i in saves if type(i) is int and i < n)
-    plan.record = (keep, keep_out, needs, watch)
-    return plan.record
