@@ -38,8 +38,8 @@ from .layout import Layout
 
 __all__ = ["solve", "options_of"]
 
-_MAX_OPTIONS = 64  # per call: beyond this many per-axis combinations, one axis at a time
-_CASCADE = 48  # calls re-chosen by one move at most
+_MAX_OPTIONS = 16  # per call: beyond this many per-axis combinations, one axis at a time
+_CASCADE = 24  # calls re-chosen by one move at most
 _SWEEPS = 4
 _PULL_DEPTH = 8  # producers a pull move walks up at most
 _TOL = 1e-12  # seconds: a move must gain more than this
@@ -252,10 +252,7 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
         if p.inputs[i] is not None:
             touched.update(dict.fromkeys(p.inputs[i]))
     for i, _ in seeds:
-        for v in p.produced[i]:
-            for j, _ in p.consumers[v]:
-                if j > i and j not in old:
-                    heapq.heappush(heap, j)
+        _push_changed(p, i, old[i], old, heap)
     done = 0
     while heap and done < _CASCADE:
         j = heapq.heappop(heap)
@@ -270,10 +267,7 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
         p.cur[j] = best
         touched.update(dict.fromkeys(p.produced[j]))
         touched.update(dict.fromkeys(p.inputs[j]))
-        for v in p.produced[j]:
-            for c, _ in p.consumers[v]:
-                if c > j and c not in old:
-                    heapq.heappush(heap, c)
+        _push_changed(p, j, before, old, heap)
     new_edges = {v: p.edge_cost(v) for v in touched}
     delta = sum(p.opts[j][p.cur[j]].compute - p.opts[j][was].compute for j, was in old.items())
     delta += sum(new_edges[v] - p.edge[v] for v in touched)
@@ -322,6 +316,20 @@ def _pull_moves(p: _Problem, j: int) -> list:
         if _pull(p, v, target, seeds, _PULL_DEPTH):
             moves.append([(i, q) for i, q in sorted(seeds.items()) if q != p.cur[i]])
     return [m for m in moves if m]
+
+
+def _push_changed(p: _Problem, i: int, before: int, old: dict, heap: list) -> None:
+    """Queue the later consumers of the values call ``i`` now makes in another layout than
+    with option ``before``."""
+    now, was = p.opts[i][p.cur[i]], p.opts[i][before]
+    for v in p.produced[i]:
+        val = p.values[v]
+        layouts = (now.outs, was.outs) if val[0] == "out" else (now.targets, was.targets)
+        if layouts[0][val[2]] is layouts[1][val[2]]:
+            continue
+        for j, _ in p.consumers[v]:
+            if j > i and j not in old:
+                heapq.heappush(heap, j)
 
 
 def _shared_moves(p: _Problem, v: int) -> list:
