@@ -440,6 +440,24 @@ def _stored_sbp(shape: tuple, sbp: tuple, axis: int, size: int) -> tuple:
     return tuple(out)
 
 
+def _spec(fn: str, module, placement, dp_axis, reshard_after_forward, prefetch) -> FSDPSpec:
+    """The checked arguments of :func:`fully_shard` (``TypeError``/``ValueError`` first)."""
+    _check_module(fn, module)
+    if not isinstance(placement, ct.Placement):
+        raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
+                        f"{placement!r} ({type(placement).__name__})")
+    if isinstance(dp_axis, bool) or not isinstance(dp_axis, (int, np.integer)) or \
+            not 0 <= dp_axis < placement.ndim:
+        raise ValueError(f"{fn}: argument 'dp_axis' is {dp_axis!r}, but {placement!r} has "
+                         f"{placement.ndim} mesh axis(es), 0..{placement.ndim - 1}; pass the "
+                         f"data-parallel mesh axis")
+    if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or \
+            prefetch < 0:
+        raise ValueError(f"{fn}: argument 'prefetch' must be an int >= 0 (how many modules "
+                         f"ahead the gathers start; 0: none), got {prefetch!r}")
+    return FSDPSpec(placement, int(dp_axis), bool(reshard_after_forward), int(prefetch))
+
+
 def fully_shard(module: Module, placement, dp_axis: int = 0,
                 reshard_after_forward: bool = True, prefetch: int = 1) -> Module:
     """Shard ``module``'s parameters along the data-parallel mesh axis ``dp_axis`` of
@@ -470,21 +488,8 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
     >>> nn.fully_shard(model, mesh, dp_axis=0)                    # ZeRO-3 x Megatron
     """
     fn = "fully_shard"
-    _check_module(fn, module)
-    if not isinstance(placement, ct.Placement):
-        raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
-                        f"{placement!r} ({type(placement).__name__})")
-    if isinstance(dp_axis, bool) or not isinstance(dp_axis, (int, np.integer)) or \
-            not 0 <= dp_axis < placement.ndim:
-        raise ValueError(f"{fn}: argument 'dp_axis' is {dp_axis!r}, but {placement!r} has "
-                         f"{placement.ndim} mesh axis(es), 0..{placement.ndim - 1}; pass the "
-                         f"data-parallel mesh axis")
-    if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or \
-            prefetch < 0:
-        raise ValueError(f"{fn}: argument 'prefetch' must be an int >= 0 (how many modules "
-                         f"ahead the gathers start; 0: none), got {prefetch!r}")
-    dp_axis = int(dp_axis)
-    spec = FSDPSpec(placement, dp_axis, bool(reshard_after_forward), int(prefetch))
+    spec = _spec(fn, module, placement, dp_axis, reshard_after_forward, prefetch)
+    dp_axis = spec.dp_axis
     owners = _owners(module)
     for name, m in module.named_modules():
         unit = _units.get(m)
