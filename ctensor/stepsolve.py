@@ -42,6 +42,7 @@ _MAX_OPTIONS = 16  # per call: beyond this many per-axis combinations, one axis 
 _CASCADE = 24  # calls re-chosen by one move at most
 _SWEEPS = 4
 _PULL_DEPTH = 8  # producers a pull move walks up at most
+_MOVES_PER_CALL = 6  # the search's budget: tried moves per recorded call
 _TOL = 1e-12  # seconds: a move must gain more than this
 
 
@@ -357,30 +358,37 @@ def _shared_moves(p: _Problem, v: int) -> list:
     return moves
 
 
-def solve(calls, values, time_limit: Optional[float] = None) -> tuple:
+def solve(calls, values, moves_per_call: int = _MOVES_PER_CALL) -> tuple:
     """Per call the chosen :class:`Option` and the per-op one, and the estimated totals
-    ``(planned, per-op)`` in seconds."""
-    import time
-    start = time.perf_counter()
+    ``(planned, per-op)`` in seconds. At most ``moves_per_call`` tried moves per call in all
+    (a budget in moves, not seconds, so that every rank stops at the same point)."""
     p = _Problem(calls, values)
     before = p.total()
+    budget = [moves_per_call * max(1, len(calls))]
+
+    def attempt(seeds, *modes) -> bool:
+        for lookahead in modes:
+            if budget[0] <= 0:
+                return False
+            budget[0] -= 1
+            if _try(p, seeds, lookahead):
+                return True
+        return False
+
     for _ in range(_SWEEPS):
         improved = False
         for i in range(len(calls)):
             for o in range(len(p.opts[i])):
-                if o != p.cur[i] and _try(p, [(i, o)], True):
+                if o != p.cur[i] and attempt([(i, o)], True):
                     improved = True
             for v in p.produced[i]:
                 for seeds in _shared_moves(p, v):
-                    if _try(p, seeds, True) or _try(p, seeds, False):
+                    if attempt(seeds, True, False):
                         improved = True
             for seeds in _pull_moves(p, i):
-                if _try(p, seeds, True):
+                if attempt(seeds, True):
                     improved = True
-            if time_limit is not None and time.perf_counter() - start > time_limit:
-                break
-        if not improved or (time_limit is not None and
-                            time.perf_counter() - start > time_limit):
+        if not improved or budget[0] <= 0:
             break
     chosen = [p.opts[i][c] for i, c in enumerate(p.cur)]
     per_op = [p.opts[i][c] for i, c in enumerate(p.recorded)]
