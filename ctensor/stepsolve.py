@@ -360,11 +360,14 @@ def _shared_moves(p: _Problem, v: int) -> list:
 
 def solve(calls, values, moves_per_call: int = _MOVES_PER_CALL) -> tuple:
     """Per call the chosen :class:`Option` and the per-op one, and the estimated totals
-    ``(planned, per-op)`` in seconds. At most ``moves_per_call`` tried moves per call in all
-    (a budget in moves, not seconds, so that every rank stops at the same point)."""
+    ``(planned, per-op)`` in seconds. At most ``moves_per_call`` tried moves per call and
+    mesh axis in all (a budget in moves, not seconds, so that every rank stops at the same
+    point)."""
     p = _Problem(calls, values)
     before = p.total()
-    budget = [moves_per_call * max(1, len(calls))]
+    # (per mesh axis: an N-D mesh has as many more ways to run each call)
+    ndim = max((c.layouts[0].placement.ndim for c in calls if c.layouts), default=1)
+    budget = [moves_per_call * ndim * max(1, len(calls))]
 
     def attempt(seeds, *modes) -> bool:
         for lookahead in modes:
