@@ -107,9 +107,8 @@ def _start_gather(source, full_sbp):
 
 
 class _Regather:
-    """What a ZeRO-3 module's saved-tensor hook keeps of a gathered parameter: the shard
-    and how to gather it again (one per parameter and forward; the backward's reads of it
-    share a copy while it is alive). ``state``: 0 idle, 1 started ahead by the schedule
+    """What a ZeRO-3 module's saved-tensor hook keeps of a gathered parameter for one op:
+    the shard and how to gather it again (that op's reads of it share the copy). ``state``: 0 idle, 1 started ahead by the schedule
     (``pending``), 2 no longer started ahead (taken, or given up)."""
 
     __slots__ = ("source", "full_sbp", "cache", "unit", "run", "pending", "state",
@@ -370,9 +369,8 @@ class _Unit:
         return None
 
     def _saved_hooks(self):
-        """``(pack, unpack)``: a saved gathered parameter becomes a :class:`_Regather`
-        (one per parameter and forward); anything else goes to the hooks around this
-        forward, if any."""
+        """``(pack, unpack)``: a saved gathered parameter becomes a :class:`_Regather`;
+        anything else goes to the hooks around this forward, if any."""
         outer = ct.autograd.saved_hooks()
         # weak references: the hooks outlive the forward (each op's backward keeps them),
         # and must not keep what they are meant to free
@@ -380,7 +378,7 @@ class _Unit:
                     for name, (t, source) in self.gathered.items()] if self._zero3() else []
         # a half copy is recognised by identity (weakly: the hooks must not keep it alive)
         casts = {id(t): (weakref.ref(t), p) for t, p in self.casts.values()}
-        dtype, run, made = self.dtype, self.schedule.run if self.schedule else 0, {}
+        dtype, run = self.dtype, self.schedule.run if self.schedule else 0
         if gathered:
             self.regathers = [w for w in self.regathers if w() is not None]
 
@@ -391,10 +389,11 @@ class _Unit:
             for name, ref, source, full in gathered:
                 g = ref()  # (alive while the forward runs: self.gathered holds it)
                 if g is not None and (t is g or t.shares_shards(g)):
-                    if name not in made:
-                        made[name] = _Regather(source, full, self, run)
-                        self.regathers.append(weakref.ref(made[name]))
-                    return made[name]
+                    # one per op that saves it: each backward gathers for itself, so the
+                    # gathers do not depend on when another op's backward frees its copy
+                    r = _Regather(source, full, self, run)
+                    self.regathers.append(weakref.ref(r))
+                    return r
             return outer[0](t) if outer is not None else t
 
         def unpack(obj):
