@@ -34,7 +34,7 @@ from .sbp import format_sbp
 from .tensor import Tensor
 
 __all__ = ["Executor", "ARRAYS", "SHAPE_ONLY", "STARTED", "execute", "boxed", "start",
-           "is_shape_only", "KernelContext"]
+           "new_tensor", "write_into", "copied_shards", "KernelContext"]
 
 
 class KernelContext:
@@ -155,9 +155,36 @@ class _Started:
 ARRAYS, SHAPE_ONLY, STARTED = _Arrays(), _ShapeOnly(), _Started()
 
 
-def is_shape_only(t) -> bool:
-    """Whether ``t`` is a shape-only tensor (its shards one MetaBuffer)."""
-    return type(t._shards) is MetaBuffer
+def new_tensor(layout: Layout, shards: Callable[[], dict],
+               requires_grad: bool = False) -> Tensor:
+    """A new tensor of ``layout`` whose shards are ``shards()`` (``{rank: array}``), or, in
+    a shape-only world, one :class:`~ctensor.meta.MetaBuffer` (``shards`` is not called)."""
+    if world().meta:
+        return Tensor(layout, MetaBuffer.of(layout), requires_grad=requires_grad)
+    return Tensor(layout, shards(), requires_grad=requires_grad)
+
+
+def write_into(x: Tensor, value: Tensor) -> None:
+    """Write ``value``'s shards (``x``'s layout) into ``x``'s arrays in place, copying a
+    read-only shard first (never writing into a shared copy); shape-only: nothing to
+    write."""
+    if type(x._shards) is MetaBuffer:
+        return
+    for rank, arr in x._shards.items():
+        src = value._shards[rank]
+        if src is arr:
+            continue
+        if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+            arr = x._shards[rank] = arr.copy()
+        arr[...] = src
+
+
+def copied_shards(x: Tensor):
+    """A copy of ``x``'s shards (shape-only: a new buffer of the same size)."""
+    shards = x._shards
+    if type(shards) is MetaBuffer:
+        return MetaBuffer(shards.placement, shards.nbytes)
+    return {r: a.copy() for r, a in shards.items()}
 
 
 def boxed(opdef, t: Tensor, target: Layout, aliases: bool) -> Tensor:

@@ -9,8 +9,8 @@ import numpy as np
 
 from .arrays import array_module
 from .dtypes import scalar_dtype
+from .executor import new_tensor
 from .layout import Layout
-from .meta import MetaBuffer
 from .placement import Placement
 from .runtime import world
 from .sbp import Broadcast
@@ -35,18 +35,18 @@ def _constant(value, placement: Placement, dtype=None) -> Tensor:
     if arr.dtype == object:
         raise TypeError(f"cannot use {value!r} ({type(value).__name__}) as a tensor operand")
     layout = Layout(tuple(arr.shape), arr.dtype, placement, (Broadcast(),) * placement.ndim)
-    if world().meta:
-        out = Tensor(layout, MetaBuffer.of(layout))
-    else:
+
+    def shards() -> dict:
         xp = array_module(placement.device)
-        held = [r for r in world().held_ranks if r in placement]
-        shards = {}
-        for r in held:
-            a = xp.asarray(arr)
-            if scalar and xp is np:
-                a.flags.writeable = False
-            shards[r] = a
-        out = Tensor(layout, shards)
+        made = {}
+        for r in world().held_ranks:
+            if r in placement:
+                a = made[r] = xp.asarray(arr)
+                if scalar and xp is np:
+                    a.flags.writeable = False
+        return made
+
+    out = new_tensor(layout, shards)
     if scalar:
         if len(_constants) > 4096:
             _constants.clear()

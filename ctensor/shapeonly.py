@@ -23,7 +23,7 @@ __all__ = ["box", "run"]
 
 def _fed(step) -> int:
     """The bytes all ranks feed into ``step`` (what the real executor logs)."""
-    cached = getattr(step, "_meta_fed", None)
+    cached = getattr(step, "_shape_only_fed", None)
     if cached is None:
         if step.collective == "send_recv":
             itemsize = step.before.dtype.itemsize
@@ -31,7 +31,7 @@ def _fed(step) -> int:
                          for m, _ in step.messages if m.src != m.dst)
         else:
             cached = total_bytes(step.before)
-        step._meta_fed = cached
+        step._shape_only_fed = cached
     return cached
 
 

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import autograd
+from .. import autograd, executor
 from ..dispatch import as_tensor
-from ..meta import MetaBuffer
 from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import defop
@@ -59,8 +58,7 @@ def write(opname: str, x: Tensor, result: Tensor) -> Tensor:
         # exactly (a cast may choose another layout, e.g. of a P(max) value)
         value = OPS.to(result, x.dtype) if result.dtype != x.dtype else result
         value = OPS.to_global(value, x.placement, x.sbp)
-    if type(x._shards) is not MetaBuffer:  # (shape-only: nothing to write)
-        _write_shards(x, value)
+    executor.write_into(x, value)
     x._version.value += 1
     if tracked:  # the gradient of x now flows through the in-place op
         x._node, x._out_index = result._node, result._out_index
@@ -70,24 +68,11 @@ def write(opname: str, x: Tensor, result: Tensor) -> Tensor:
     return x
 
 
-def _write_shards(x: Tensor, value: Tensor) -> None:
-    for rank, arr in x._shards.items():
-        src = value._shards[rank]
-        if src is arr:
-            continue
-        if isinstance(arr, np.ndarray) and not arr.flags.writeable:
-            arr = x._shards[rank] = arr.copy()  # never write into shared read-only shards
-        arr[...] = src
-
-
 def _earlier(x: Tensor) -> Tensor:
     """A copy of ``x`` in ``x``'s place in the graph, for an in-place op that autograd
     records: the op computes from the copy, so its backward reads the values from before
     the write whatever it saved (boxing may save views of its input)."""
-    shards = x._shards
-    shards = MetaBuffer(shards.placement, shards.nbytes) if type(shards) is MetaBuffer \
-        else {r: a.copy() for r, a in shards.items()}
-    alias = Tensor(x._layout, shards, requires_grad=x.requires_grad)
+    alias = Tensor(x._layout, executor.copied_shards(x), requires_grad=x.requires_grad)
     alias._node, alias._out_index = x._node, x._out_index
     return alias
 
