@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from . import datacheck, debug
+from .executor import new_tensor
 from .layout import Layout
 from .meta import MetaBuffer
 from .placement import Placement
@@ -67,24 +68,25 @@ def generate(layout: Layout, fill: Callable, requires_grad: bool = False) -> Ten
     """A tensor whose every shard is ``fill(xp, region, dtype)`` (the logical values in region
     ``region``). Partial axes: the value sits at index 0 of each partial axis, the reduction's
     identity elsewhere, so the logical value is the stated one."""
-    if world().meta:  # shape-only: the layout is the tensor
-        return Tensor(layout, MetaBuffer.of(layout), requires_grad=requires_grad)
-    xp = array_module(layout.placement.device)
-    p = layout.placement
-    partial_axes = [(a, s.op) for a, s in enumerate(layout.sbp) if isinstance(s, Partial)]
-    shards = {}
-    for r in world().held_ranks:
-        if r not in p:
-            continue
-        region = layout.region(r)
-        coord = p.coord(r)
-        ops = [op for a, op in partial_axes if coord[a] != 0]
-        if ops:
-            shards[r] = xp.full(layout.local_shape(r), ops[0].identity(layout.dtype),
-                                dtype=layout.dtype)
-        else:
-            shards[r] = xp.asarray(fill(xp, region, layout.dtype), dtype=layout.dtype)
-    return Tensor(layout, shards, requires_grad=requires_grad)
+    def shards() -> dict:  # (not called in a shape-only world: the layout is the tensor)
+        xp = array_module(layout.placement.device)
+        p = layout.placement
+        partial_axes = [(a, s.op) for a, s in enumerate(layout.sbp) if isinstance(s, Partial)]
+        made = {}
+        for r in world().held_ranks:
+            if r not in p:
+                continue
+            region = layout.region(r)
+            coord = p.coord(r)
+            ops = [op for a, op in partial_axes if coord[a] != 0]
+            if ops:
+                made[r] = xp.full(layout.local_shape(r), ops[0].identity(layout.dtype),
+                                  dtype=layout.dtype)
+            else:
+                made[r] = xp.asarray(fill(xp, region, layout.dtype), dtype=layout.dtype)
+        return made
+
+    return new_tensor(layout, shards, requires_grad)
 
 
 def _check_grad(fn: str, dtype: np.dtype, requires_grad: bool) -> None:
