@@ -178,7 +178,10 @@ def plan_for(op, attrs: dict, layouts: tuple, destinations, grads: int, pinned: 
              same: tuple) -> OpPlan:
     """The cached plan of one call (what :func:`ctensor.dispatch.apply` calls on every op):
     a dict lookup by the call's value, :func:`plan` on a miss (and on every call while an
-    advisor is installed: the plan its picks lead to is then cached per picks)."""
+    advisor is installed: the plan its picks lead to is then cached per picks; an advisor
+    with a ``picks_for(op, layouts)`` attribute that returns the picks it will make — per
+    mesh axis the candidate index, None where it keeps the cost model's — is served from
+    that cache without pricing the candidates again)."""
     key = (op, runtime._default_dtype, tuple(attrs.items()) if attrs else (), layouts,
            destinations, grads, pinned, same)
     try:
@@ -188,6 +191,13 @@ def plan_for(op, attrs: dict, layouts: tuple, destinations, grads: int, pinned: 
         hit = _cache.get(key)
     if hit is not None and _advisor is None:
         return hit
+    if _advisor is not None:  # an advisor that knows its picks ahead skips the pricing
+        ahead = getattr(_advisor, "picks_for", None)
+        picks = ahead(op, layouts) if ahead is not None else None
+        if picks is not None:
+            hit = _advised.get((key, picks))
+            if hit is not None:
+                return hit
     made = plan(OpCall(op, key[2], layouts, destinations, grads, pinned, same, key[1], attrs))
     cache = _cache
     if _advisor is not None:

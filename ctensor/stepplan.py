@@ -96,6 +96,8 @@ class _Plan:
         # per call: whether the planner must be advised (False once a replay found the
         # per-op choice to be the plan's there)
         self.advise = [True] * len(calls)
+        self.picks: list = [None] * len(calls)  # per call, the advisor's picks once seen
+        self.sources = [_sources(values, c.inputs) for c in calls]  # (for the guard)
 
 
 class _State:
@@ -262,7 +264,8 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     # calls where the plan differs from the per-op choice are advised after the first replay)
     advised = plan is not None and plan.advise[pos] and plan.chosen[pos].sigs is not None
     if advised:
-        _advice = [opdef, layouts, plan.chosen[pos].sigs, False, []]
+        # (op, layouts, signatures, -, per-op picks, picks made, picks known from before)
+        _advice = [opdef, layouts, plan.chosen[pos].sigs, False, [], [], plan.picks[pos]]
         advice = _advice
         previous = planner.set_advisor(_advisor)
     try:
@@ -273,6 +276,9 @@ def _record(apply, st: _State, opdef, tensors, attrs):
             if len(advice[4]) == len(advice[2]):
                 call.per_op = tuple(advice[4])
                 plan.advise[pos] = call.per_op != advice[2]
+                plan.picks[pos] = tuple(advice[5])
+            elif advice[6] is not None:  # served from the planner's cache: as before
+                call.per_op = plan.calls[pos].per_op
             _advice = None
     _finish(st, call, pos, opdef, out if type(out) is tuple else (out,))
     return out
@@ -330,7 +336,7 @@ def _follows(plan: _Plan, pos: int, call: Call) -> bool:
         return False
     if not all(a is b for a, b in zip(call.layouts, plan.expected[pos])):
         return False
-    return _sources(plan.values, rec.inputs) == _sources(_state.values, call.inputs)
+    return plan.sources[pos] == _sources(_state.values, call.inputs)
 
 
 def _sources(values: list, inputs: tuple) -> tuple:
@@ -377,9 +383,21 @@ def _advisor(opcall, choice):
     if choice.axis == len(sigs) - 1:  # answered: an inner call of the op is not advised
         _advice = None
     sig = sigs[choice.axis]
-    if sig == choice.picked:
+    taken = None if sig == choice.picked or sig not in choice.candidates else sig
+    advice[5].append(None if taken is None else choice.candidates.index(taken))
+    return taken
+
+
+def _picks_for(op, layouts):
+    """The planner's question ahead of pricing (:func:`ctensor.planner.plan_for`): the picks
+    this advice will make, once a replay has seen them at this call."""
+    advice = _advice
+    if advice is None or op is not advice[0] or layouts != advice[1]:
         return None
-    return sig if sig in choice.candidates else None
+    return advice[6]
+
+
+_advisor.picks_for = _picks_for
 
 
 # ----------------------------------------------------------------------------- the step's end
