@@ -106,7 +106,7 @@ def _start_gather(source, full_sbp):
         return source.detach().to_global(source.placement, full_sbp, async_op=True)
 
 
-class _Regather:
+class _Regather(ct.autograd.graph.SelfUnpacking):
     """What a ZeRO-3 module's saved-tensor hook keeps of a gathered parameter for one op:
     the shard and how to gather it again (that op's reads of it share the copy). ``state``: 0 idle, 1 started ahead by the schedule
     (``pending``), 2 no longer started ahead (taken, or given up)."""
@@ -126,6 +126,9 @@ class _Regather:
         if self.pending is not None:
             self.pending.wait()
         self.pending, self.state = None, 2
+
+    def unpack(self, outer_unpack=None):
+        return self.get()
 
     def get(self):
         full = self.cache() if self.cache is not None else None
@@ -247,7 +250,7 @@ class _Schedule:
                 s.drop()
 
 
-class _Recast:
+class _Recast(ct.autograd.graph.SelfUnpacking):
     """What a mixed-precision module's saved-tensor hook keeps of a parameter's half copy:
     the parameter, cast again when a backward reads it (so a micro-batch in flight does not
     hold a half copy of every weight; one recast per backward, shared while alive)."""
@@ -256,6 +259,9 @@ class _Recast:
 
     def __init__(self, param, dtype):
         self.param, self.dtype, self.cache = param, dtype, None
+
+    def unpack(self, outer_unpack=None):
+        return self.get()
 
     def get(self):
         half = self.cache() if self.cache is not None else None
@@ -396,7 +402,7 @@ class _Unit:
                     return r
             return outer[0](t) if outer is not None else t
 
-        def unpack(obj):
+        def unpack(obj):  # (hooks inside these unpack a _Regather/_Recast themselves too)
             if isinstance(obj, (_Regather, _Recast)):
                 return obj.get()
             return outer[1](obj) if outer is not None else obj
