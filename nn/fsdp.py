@@ -2,25 +2,26 @@
 
 Both work the same way: each module that owns parameters gets a forward pre-hook that puts
 a *materialised* copy of each of its parameters where ``self.<name>`` finds it for the
-forward (``Module._param_overrides``), and a post-hook that takes it away again. The
-Parameter objects themselves never change during a step, so optimizers, ``state_dict``
-and checkpoints see the stored layout and the master dtype.
+forward (:meth:`Module.set_parameter_overrides`), and a post-hook that takes it away
+again (``always_call``: after a forward that raises too). The Parameter objects
+themselves never change during a step, so optimizers, ``state_dict`` and checkpoints see
+the stored layout and the master dtype.
 
 **Fully sharded** (:func:`fully_shard`): a parameter is *stored* ``S(d)`` along the
 data-parallel mesh axis (on top of whatever tensor-parallel SBP it has on the other axes;
 ``d`` the first dim not split elsewhere and at least as long as the axis, as optimizer
 states choose it; a parameter with no such dim stays broadcast). Materialising it is an
-all-gather along that axis, done by :class:`_Gather`, an autograd Function whose backward
-returns the incoming gradient unchanged: the leaf (the shard) thus receives the full-shape
-gradient, partial along the data-parallel axis, and ``backward()`` reduce-scatters it into
-the shard's layout — in buckets, one collective for many parameters
-(:mod:`ctensor.gradsync`). Optimizer states take the parameter's layout, so they are
-sharded too (ZeRO-1), and each rank updates its shard only.
+all-gather along that axis, handed to the forward by :class:`_Gather`, an autograd
+Function whose backward returns the incoming gradient unchanged: the leaf (the shard) thus
+receives the full-shape gradient, partial along the data-parallel axis, and
+``backward()`` reduce-scatters it into the shard's layout — in buckets, one collective for
+many parameters (:mod:`ctensor.gradsync`). Optimizer states take the parameter's layout,
+so they are sharded too (ZeRO-1), and each rank updates its shard only.
 
-* ``reshard_after_forward=True`` (ZeRO-3): the gathered copy is freed when the module's
-  forward returns; the ops that saved it for the backward keep, through
-  ``ct.autograd.saved_tensors_hooks``, only a reference to the shard, and the backward
-  gathers it again when it needs it.
+* ``reshard_after_forward=True`` (ZeRO-3): the gathered copy is freed
+  (:meth:`ctensor.Tensor.free_`) when the module's forward returns; the ops that saved it
+  for the backward keep, through ``ct.autograd.saved_tensors_hooks``, only a reference to
+  the shard, and the backward gathers it again when it needs it.
 * ``reshard_after_forward=False`` (ZeRO-2): the gathered copy lives until the backward has
   used it (one gather per step, more memory between forward and backward).
 
@@ -108,8 +109,8 @@ def _start_gather(source, full_sbp):
 
 class _Regather(ct.autograd.graph.SelfUnpacking):
     """What a ZeRO-3 module's saved-tensor hook keeps of a gathered parameter for one op:
-    the shard and how to gather it again (that op's reads of it share the copy). ``state``: 0 idle, 1 started ahead by the schedule
-    (``pending``), 2 no longer started ahead (taken, or given up)."""
+    the shard and how to gather it again (that op's reads share the copy). ``state``: 0
+    idle, 1 started ahead (``pending``), 2 no longer started ahead (taken, or given up)."""
 
     __slots__ = ("source", "full_sbp", "cache", "unit", "run", "pending", "state",
                  "__weakref__")
