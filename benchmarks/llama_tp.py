@@ -17,7 +17,6 @@ Not here yet: the same step hand-written in NumPy + mpi4py (the issue's 1.15x ti
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time

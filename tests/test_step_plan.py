@@ -4,9 +4,10 @@ repeat it.
 
 The models are the PyTorch-style Llama and nanoGPT of tests/test_pytorch_programs.py (not
 ctensor's own GPT, Block or fused LayerNorm), laid out by SBP rules alone. After warm-up
-steps (a window that repeats the one before it is solved at its end; the next replays it), one forward + backward issues at most
-``4L + 6`` collectives and at most 1.2x the bytes per rank of the hand (Megatron) placement,
-and the values equal one process in float64.
+steps (a window that repeats the one before it is solved at its end; the next replays
+it), one forward + backward issues at most ``4L + 6`` collectives and at most 1.2x the
+bytes per rank of the hand (Megatron) placement, and the values equal one process in
+float64.
 """
 from __future__ import annotations
 
