@@ -23,8 +23,8 @@ the same ops every step, so ctensor learns the step and plans it:
   second or third step). :func:`ctensor.stepsolve.solve` picks every call's signature to
   minimise the cost model's total (boxing each value once into each distinct layout its
   consumers take, plus compute), starting from the per-op choice; a deterministic
-  function of the record, so every rank plans alike. Parameters keep their layouts (moving one is priced as
-  :mod:`ctensor.choice` prices it: never worth it);
+  function of the record, so every rank plans alike. Parameters keep their layouts
+  (moving one is priced as :mod:`ctensor.choice` prices it: never worth it);
 * **replay** — on the next window each call still dispatches through its own signature
   table; only the candidate the choice takes comes from the plan (through the planner's
   advisor seam, :func:`ctensor.planner.set_advisor`). A guard compares each call with the
