@@ -233,18 +233,31 @@ def execute(opdef, plan, tensors, attrs: dict) -> tuple:
     if type(boxed_in[0]._shards) is MetaBuffer:  # shape-only: no kernel, no data
         return boxed_in, SHAPE_ONLY.run(opdef, plan, boxed_in, attrs)
     timed = _profile.on and _profile.kernel_enter(opdef)  # (ct.debug.profile())
+    token = quiet.off()  # no RuntimeWarning: inf/nan as PyTorch gives (ctensor/quiet.py)
     try:
-        if plan.unrolled and plan.xp is np:  # (ARRAYS.run's common case, one call less)
-            token = quiet.off()
-            try:
-                return boxed_in, [_unrolled(opdef, plan, boxed_in, attrs, np)]
-            finally:
-                quiet.restore(token)
-        return boxed_in, ARRAYS.run(opdef, plan, boxed_in, attrs)
+        xp = plan.xp or array_module(plan.out_layouts[0].placement.device)
+        if not plan.unrolled:
+            return boxed_in, _general(opdef, plan, boxed_in, attrs, xp)
+        # ARRAYS.run's common case (_unrolled) written out here: this is every op's hot
+        # path, and a call less is measurable (benchmarks/dispatch.py)
+        kernel, layout = opdef.kernel, plan.out_layouts[0]
+        result, first, check = {}, boxed_in[0]._shards, not plan.verified
+        second = boxed_in[1]._shards if len(boxed_in) == 2 else None
+        dtype = layout.dtype
+        for rank, a in first.items():
+            arr = kernel(xp, a, **attrs) if second is None else \
+                kernel(xp, a, second[rank], **attrs)
+            if type(arr) is not np.ndarray or arr.dtype is not dtype or \
+                    (check and arr.shape != plan.shapes[rank][0]):
+                arr = _conform(opdef, arr, xp, rank, layout, plan.shapes[rank][0])
+            result[rank] = arr
+        plan.verified = True
+        return boxed_in, [Tensor(layout, result)]
     except KeyError:
         _stale(opdef, tensors)
         raise
     finally:
+        quiet.restore(token)
         if timed:
             _profile.leave()
 
