@@ -55,7 +55,7 @@ class OpCall:
     ``pinned``: bit ``i`` set when input ``i`` is a parameter (or a cast of one);
     ``same[i]``: the index of the first input that is the same tensor as input ``i``;
     ``destinations``: while a backward function runs, where its gradients are headed
-    (:data:`ctensor.autograd.destinations`), else None. ``attrs`` is the attribute dict as
+    (``ctensor.autograd.grad_mode.destinations``), else None. ``attrs`` is the attribute dict as
     the op receives it (not compared: ``attrs_key`` is its hashable form).
     """
 
