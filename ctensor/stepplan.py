@@ -194,11 +194,6 @@ def _box_value(st: _State, i: int, k: int) -> int:
     return v
 
 
-def _fixed_layout(opdef):
-    fixed = getattr(opdef, "fixed_layout", None)
-    return fixed if fixed is not None else getattr(opdef, "plan", None)
-
-
 def _observed(apply):
     """``apply`` recorded (and, while a plan is followed, advised)."""
 
@@ -286,44 +281,56 @@ def _record(apply, st: _State, opdef, tensors, attrs):
 
 def _finish(st: _State, call: Call, pos: int, opdef, outs) -> None:
     """Note what the call ran in and its outputs; own its backward."""
-    call.outs = tuple(o._layout for o in outs)
-    fixed = _fixed_layout(opdef)
     if len(st.calls) > pos + 1:  # a composite: its inner calls ran (and recorded) it
+        call.outs = tuple([o._layout for o in outs])
         call.fixed, call.transparent = True, True
         call.targets = call.layouts
         return
+    fixed = opdef.fixed_layout
     if fixed is not None:
         call.fixed = True
         call.targets = fixed(call.layouts, **call.attrs)[0]
-    values = []
-    for k, o in enumerate(outs):
-        v = len(st.values)
-        st.values.append(("out", pos, k))
-        st.ids[id(o)] = (weakref.ref(o), v)
-        values.append(v)
-    call.out_values = tuple(values)
-    call.out_shards = tuple(id(o._shards) for o in outs)
-    node = outs[0]._node if outs and outs[0].requires_grad else None
-    if node is not None and node.backward_fn is not None and \
-            getattr(node.backward_fn, "_step_owned", None) is None:
-        node.backward_fn = _owned(node.backward_fn, pos, st.window)
+    values, ids = st.values, st.ids
+    if len(outs) == 1:  # (the common case, unrolled)
+        o = outs[0]
+        call.outs = (o._layout,)
+        v = len(values)
+        values.append(("out", pos, 0))
+        ids[id(o)] = (weakref.ref(o), v)
+        call.out_values, call.out_shards = (v,), (id(o._shards),)
+    else:
+        call.outs = tuple([o._layout for o in outs])
+        made = []
+        for k, o in enumerate(outs):
+            made.append(len(values))
+            values.append(("out", pos, k))
+            ids[id(o)] = (weakref.ref(o), made[-1])
+        call.out_values = tuple(made)
+        call.out_shards = tuple([id(o._shards) for o in outs])
+    if outs and outs[0].requires_grad:
+        node = outs[0]._node
+        if node is not None and node.backward_fn is not None and \
+                type(node.backward_fn) is not _Owned:
+            node.backward_fn = _Owned(node.backward_fn, pos, st.window)
 
 
-def _owned(backward_fn, pos: int, window: int):
-    """``backward_fn`` run with call ``pos`` as the owner of what it reads."""
+class _Owned:
+    """A node's backward function run with call ``pos`` as the owner of what it reads."""
 
-    def owned(grads):
+    __slots__ = ("backward_fn", "pos", "window")
+
+    def __init__(self, backward_fn, pos: int, window: int):
+        self.backward_fn, self.pos, self.window = backward_fn, pos, window
+
+    def __call__(self, grads):
         st = _state
-        if st.window != window or not st.started or pos >= len(st.calls):
-            return backward_fn(grads)
-        st.frames.append(pos)
+        if st.window != self.window or not st.started or self.pos >= len(st.calls):
+            return self.backward_fn(grads)
+        st.frames.append(self.pos)
         try:
-            return backward_fn(grads)
+            return self.backward_fn(grads)
         finally:
             st.frames.pop()
-
-    owned._step_owned = True
-    return owned
 
 
 def _follows(plan: _Plan, pos: int, call: Call) -> bool:
