@@ -165,7 +165,8 @@ class Tensor:
 
     def shares_shards(self, other) -> bool:
         """Whether ``other`` holds this tensor's very shards (same layout, the same arrays:
-        a ``detach()`` or a ``set_`` of it), not merely equal values."""
+        a ``detach()`` or a ``set_`` of it), not merely equal values. A process that holds
+        no rank of the placement tells only a ``detach()`` (or the tensor itself) apart."""
         if not isinstance(other, Tensor) or other._layout is not self._layout:
             return False
         a, b = self._shards, other._shards

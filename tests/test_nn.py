@@ -856,7 +856,8 @@ def test_free_and_shares_shards(mesh):
     t.free_()
     assert t.shape == (8,) and not t.shares_shards(copy)
     t.set_(copy)  # shards again
-    assert t.shares_shards(copy) and t.numpy().tolist() == list(range(8))
+    held = bool(copy.local_shards())  # (under mpiexec a rank may hold none of the mesh)
+    assert (t.shares_shards(copy) or not held) and t.numpy().tolist() == list(range(8))
 
 
 def test_graph_leaves_finds_each_leaf_once():
