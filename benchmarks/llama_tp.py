@@ -45,7 +45,7 @@ def hand(batch, seq, dim, layers, vocab):
 
 def run(plan_on: bool, args) -> tuple:
     import test_pytorch_programs as programs
-    ct.step_plan(plan_on)
+    ct.step_plan(plan_on, always=plan_on)  # (followed even where it does not pay)
     ct.manual_seed(0)
     model = programs.llama(ct, ct.nn, ct.nn.functional)
     mesh = ct.placement("cpu", [0, 1])

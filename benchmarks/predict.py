@@ -1,5 +1,5 @@
 """Predict, then measure: the cost model (``ctensor/cost.py``, the ``cpu`` table of
-``ctensor/devices.toml`` that ``python -m ctensor.calibrate`` measured) against the time of
+``ctensor/devices.toml`` that ``python benchmarks/calibrate.py`` measured) against the time of
 the GPT example's training step on this machine, for seven layouts.
 
     python benchmarks/predict.py [--quick] [--rounds 3] [--steps 6]
@@ -201,7 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                        ("block-hidden", 2048), ("rows", 256), ("block-micro-batches", 4)):
         p.add_argument(f"--{name}", type=positive_int, help=f"default {text}")
     p.add_argument("--calibrate", action="store_true",
-                   help="before each round run python -m ctensor.calibrate --quick (rewrites "
+                   help="before each round run python benchmarks/calibrate.py --quick (rewrites "
                         "the [cpu] table of ctensor/devices.toml) and predict with it: each "
                         "round's predictions and runs see the same load; medians over rounds")
     p.add_argument("--json", help="also write the figures to this file")
@@ -217,11 +217,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def predict_all(a) -> dict:
     """Every layout's predicted step; with ``--calibrate`` the ``cpu`` table measured first
-    (``python -m ctensor.calibrate --quick``: it rewrites ``ctensor/devices.toml``, which the
+    (``python benchmarks/calibrate.py --quick``: it rewrites ``ctensor/devices.toml``, which the
     measured runs then read too, so both choose alike)."""
     if a.calibrate:
         import ctensor as ct
-        subprocess.run([sys.executable, "-m", "ctensor.calibrate", "--quick"], check=True,
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--quick"],
+                       check=True,
                        timeout=600, stdout=subprocess.DEVNULL)
         ct.cost.load_devices()  # the new table, for the choice and the prices here
     predicted = {name: predict_gpt(a, options) for name, _, options in LAYOUTS}

@@ -36,7 +36,8 @@ from .pending import PendingTensor
 from .registry import OPS as _OPS
 from . import stepplan as _stepplan  # the step plan: learned, solved, replayed (on by default)
 from .stepplan import step_plan
-debug.step_plan = _stepplan.report  # ct.debug.step_plan(): what the plan chose, per op
+from . import stepview as _stepview
+debug.step_plan = _stepview.report  # ct.debug.step_plan(): what the plan chose, per op
 
 __version__ = "0.1.0"
 

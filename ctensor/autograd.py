@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional, Sequence
 from . import grad_hooks, gradsync
 from . import graph  # ct.autograd.graph (PyTorch's torch.autograd.graph): saved-tensor hooks
 from .graph import regather_saved, saved_hooks, saved_tensors_hooks
-from . import profile as _profile
+from . import timing as _profile
 from .grad_hooks import RemovableHandle
 from .registry import OPS
 from .sbp import Broadcast, dual

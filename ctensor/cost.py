@@ -33,7 +33,7 @@ input and output layouts), :func:`dispatch` and, for boxing one layout into anot
 The choice prices a placement's device kind (``"cpu"`` or ``"cuda"``) with
 :func:`machine` — the ``cpu`` / ``cuda`` tables of ``devices.toml`` unless
 :func:`set_machine` changed them — the same in simulation and under mpiexec, so a simulated
-run makes exactly the choices a real one makes. ``python -m ctensor.calibrate`` measures this
+run makes exactly the choices a real one makes. ``python benchmarks/calibrate.py`` measures this
 machine and writes its ``cpu`` table.
 
 >>> ct.cost.collective("all_reduce", 2, 4 << 20, "cpu")      # seconds of 4 MiB on 2 ranks
@@ -56,7 +56,7 @@ __all__ = ["EFFICIENCY", "Device", "devices", "device", "load_devices", "machine
 #: device table does not say (its ``efficiency``): fixed once (2026-12) as a round figure
 #: between the ~0.45 of large GEMMs' peak a training step of Megatron-LM sustains end to end
 #: and the ~0.8 cuBLAS reaches on one large GEMM, and not tuned per configuration. A table
-#: measured by ``ctensor.calibrate`` holds the rates of one large GEMM and of streaming, and
+#: measured by ``benchmarks/calibrate.py`` holds the rates of one large GEMM and of streaming, and
 #: the fraction of them a GPT step's kernels reached.
 EFFICIENCY = 0.6
 

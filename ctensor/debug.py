@@ -30,7 +30,8 @@ from typing import Iterator, Optional
 import numpy as np
 
 from . import memory as _memory
-from . import profile as _profile
+from . import profile as _profile_module
+from . import timing as _profile
 from . import worktrace as _trace
 from .comm import context
 from .datacheck import check_broadcast_data, check_same_data, check_tensor_data
@@ -47,7 +48,7 @@ __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank
 from ._device import get_sync_debug_mode, set_sync_debug_mode  # noqa: E402
 
 #: ``with ct.debug.profile() as prof:``: where each step's time goes (ctensor/profile.py)
-profile = _profile.profile
+profile = _profile_module.profile
 
 
 # ----------------------------------------------------------------------------- comm log

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 
-from . import profile as _profile
+from . import timing as _profile
 from . import tape
 from .autograd import grad_mode
 from .executor import KernelContext, execute, start

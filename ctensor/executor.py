@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 
 from . import boxing, quiet, shapeonly
-from . import profile as _profile
+from . import timing as _profile
 from .arrays import array_module
 from .comm import context
 from .layout import Layout

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import boxing, debug, memory
-from . import profile as _profile
+from . import timing as _profile
 from .arrays import array_module
 from .comm import context
 from .layout import Layout

@@ -11,7 +11,7 @@ choice uses), on a :class:`~ctensor.cost.Device` of ``ctensor/devices.toml``:
   memory_bandwidth) / efficiency`` (:func:`ctensor.cost.compute`; ``peak``: the device's
   half-precision peak for float16 kernels, its float32 peak otherwise; ``efficiency``: the
   device's, :data:`EFFICIENCY` for every data-sheet GPU, the measured one for a table
-  of ``python -m ctensor.calibrate``), plus the device's ``op_overhead`` per dispatched op,
+  of ``python benchmarks/calibrate.py``), plus the device's ``op_overhead`` per dispatched op,
   views included (0 on the GPU tables). By default (``fused=True``) kernels that declare no
   FLOPs (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their
   neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing —

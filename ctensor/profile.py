@@ -35,18 +35,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Optional
 
 __all__ = ["profile", "phase", "COLUMNS"]
 
-#: the table's columns, in order
-COLUMNS = ("forward kernels", "backward kernels", "dispatch/tape", "boxing copies",
-           "collectives", "waiting", "optimizer", "rest")
-FWD, BWD, DISPATCH, BOXING, COLL, WAIT, OPT, REST = range(8)
+from . import timing
+from .timing import BOXING, BWD, COLL, COLUMNS, DISPATCH, FWD, OPT, REST, WAIT, phase  # noqa: F401
 
-#: True while a profile is open (the one flag the hooks test)
-on = False
-_active: Optional["profile"] = None
 _clock = time.perf_counter
 
 
@@ -75,21 +69,24 @@ class profile:
 
     # ------------------------------------------------------------------ context
     def __enter__(self) -> "profile":
-        global on, _active
-        if _active is not None:
+        if timing._active is not None:
             raise RuntimeError("profile: a profile is already open; nest none")
-        _active, on = self, True
+        timing._active, timing.on = self, True
         self._epoch_us = time.time() * 1e6
         self._t0 = self._last = _clock()
         return self
 
     def __exit__(self, *exc) -> None:
-        global on, _active
         now = _clock()
         self._charge(now)
         self.wall += now - self._t0
-        _active, on = None, False
+        timing._active, timing.on = None, False
         self._stack.clear()
+
+    @property
+    def is_open(self) -> bool:
+        """Whether this profile is open (between ``__enter__`` and ``__exit__``)."""
+        return timing._active is self
 
     def step(self) -> None:
         """Mark the end of one step (for the per-step figures of :meth:`table`)."""
@@ -197,90 +194,8 @@ class profile:
                 json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
 
     def __repr__(self) -> str:
-        state = "open" if _active is self else "closed"
+        state = "open" if timing._active is self else "closed"
         return f"profile({state}, {self.steps} steps, {self.counted} regions)"
-
-
-# ----------------------------------------------------------------------------- hooks
-# (called by dispatch, autograd, boxing, gradsync and the MPI communicator only while
-# ``on`` is True)
-def outer(opdef) -> bool:
-    """apply()'s test: whether this call should open ``opdef``'s region (False for the
-    call that :func:`op` itself makes)."""
-    p = _active
-    if p is None:
-        return False
-    if p._entering is opdef:
-        p._entering = None
-        return False
-    return True
-
-
-def op(apply, opdef, tensors, attrs):
-    """Run ``apply(opdef, tensors, attrs)`` as one op's region (dispatch/tape)."""
-    p = _active
-    p._enter(p._column(DISPATCH), opdef.name)
-    p._entering = opdef
-    try:
-        return apply(opdef, tensors, attrs)
-    finally:
-        p._entering = None
-        if _active is p:
-            p._exit()
-
-
-def kernel_enter(opdef) -> bool:
-    """Open an op's kernel region; ``True`` when one was opened (close it with
-    :func:`leave`)."""
-    p = _active
-    if p is None:
-        return False
-    p._enter(p._column(FWD), opdef.name)
-    return True
-
-
-def enter(kind: int, name: str) -> bool:
-    """Open a region of column ``kind`` (BOXING, COLL, WAIT); close it with :func:`leave`."""
-    p = _active
-    if p is None:
-        return False
-    p._enter(kind, name)
-    return True
-
-
-def leave() -> None:
-    p = _active
-    if p is not None and p._stack:
-        p._exit()
-
-
-class phase:
-    """``with ct.debug.profile.phase("optimizer"):``: charge what runs inside to that
-    phase (``"backward"`` or ``"optimizer"``); a no-op when no profile is open. The
-    optimizer and ``backward()`` open theirs themselves."""
-
-    __slots__ = ("name", "opened")
-
-    def __init__(self, name: str):
-        if name not in ("backward", "optimizer"):
-            raise ValueError(f"profile.phase: argument 'name' must be 'backward' or "
-                             f"'optimizer', got {name!r}")
-        self.name = name
-        self.opened = None
-
-    def __enter__(self) -> "phase":
-        p = _active
-        if p is not None:
-            p._phase.append(self.name)
-            p._enter(DISPATCH if self.name == "backward" else OPT, self.name)
-            self.opened = p
-        return self
-
-    def __exit__(self, *exc) -> None:
-        p = self.opened
-        if p is not None and _active is p:
-            p._exit()
-            p._phase.pop()
 
 
 profile.phase = phase  # ct.debug.profile.phase("optimizer")

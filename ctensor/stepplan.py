@@ -36,8 +36,15 @@ the same ops every step, so ctensor learns the step and plans it:
   :data:`_GIVE_UP` plans in a row fail, the process stops planning (counted) until
   :func:`step_plan` is called again.
 
-On by default; ``ct.step_plan(False)`` turns it off (and forgets the plan). What the plan
-chose against the per-op choice, per call: :func:`report` (``ct.debug.step_plan()``).
+A plan that chooses what the per-op choice chooses at every call (a data-parallel step, where
+each op's choice is already the best) leaves nothing to replay: the process then stops
+recording (``idle`` in the report; each later step counts as replayed), so such a loop pays
+for the step plan only during its first steps. ``ct.step_plan(True)`` learns again.
+
+On by default (``CTENSOR_STEP_PLAN=0`` in the environment: off from the start);
+``ct.step_plan(False)`` turns it off (and forgets the plan). What the plan
+chose against the per-op choice, per call: :func:`ctensor.stepview.report`
+(``ct.debug.step_plan()``).
 
 How it plugs in: calls are observed by wrapping :func:`ctensor.dispatch.apply` (every op
 front calls it through the module) and the step's end by wrapping
@@ -45,6 +52,7 @@ front calls it through the module) and the step's end by wrapping
 """
 from __future__ import annotations
 
+import os
 import time
 import weakref
 from typing import Optional
@@ -53,10 +61,14 @@ from . import autograd, dispatch, planner, runtime
 from .sbp import format_sbp
 from .stepsolve import solve
 
-__all__ = ["step_plan", "enabled", "report", "StepPlanReport", "reset"]
+__all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
 _MAX_CALLS = 200_000  # a window longer than this is not recorded (no backward in sight)
 _GIVE_UP = 3  # plans in a row that fail: stop planning
+#: what replaying a planned step costs per op call, on top of its dispatch (recording the
+#: call, the guard, the advice; measured here: 12-15 us on a 2-core x86 machine): a plan
+#: whose estimated saving per step is below ``calls x`` this is not followed by default
+REPLAY_SECONDS_PER_CALL = 13e-6
 
 
 class Call:
@@ -102,14 +114,17 @@ class _Plan:
 
 class _State:
     def __init__(self):
-        self.enabled = True
+        self.enabled = os.environ.get("CTENSOR_STEP_PLAN", "1") != "0"
         self.world = None
         self.started = False
         self.window = 0
         self.plan: Optional[_Plan] = None
         self.following = False
+        self.always = False  # follow a plan whatever its saving (step_plan(always=True))
+        self.idle = False  # the plan is not followed (see _idle): nothing to record
         self.failures = 0  # plans in a row that failed
         self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
+                      "idle": False,
                       "solve_seconds": 0.0, "last_deviation": None}
         self.previous = None  # the last unplanned window's sequence (see _shape)
         self.depth = 0  # nested backward() calls
@@ -130,17 +145,22 @@ _advice: Optional[tuple] = None  # (op, layouts, signatures per axis, answered) 
 
 
 # ----------------------------------------------------------------------------- switches
-def step_plan(enable: bool = True) -> None:
+def step_plan(enable: bool = True, *, always: bool = False) -> None:
     """Turn whole-step planning on (the default) or off. Either way the learned plan and
     the counters are forgotten. Call it alike on every rank.
 
+    ``always``: follow a plan the cost model prices cheaper than the per-op choice even when
+    its saving per step is below what replaying costs (:data:`REPLAY_SECONDS_PER_CALL` per
+    call); by default such a plan is learned, reported and not followed.
+
     >>> ct.step_plan(False)     # every op chooses its layouts alone, as before
     """
-    if not isinstance(enable, bool):
-        raise TypeError(f"step_plan: argument 'enable' must be a bool, got "
-                        f"{type(enable).__name__}")
+    for name, value in (("enable", enable), ("always", always)):
+        if not isinstance(value, bool):
+            raise TypeError(f"step_plan: argument {name!r} must be a bool, got "
+                            f"{type(value).__name__}")
     reset()
-    _state.enabled = enable
+    _state.enabled, _state.always = enable, always
 
 
 def enabled() -> bool:
@@ -151,9 +171,9 @@ def enabled() -> bool:
 def reset() -> None:
     """Forget the plan, the window being recorded and the counters."""
     global _state
-    was = _state.enabled
+    was = _state.enabled, _state.always
     _state = _State()
-    _state.enabled = was
+    _state.enabled, _state.always = was
 
 
 # ----------------------------------------------------------------------------- recording
@@ -197,9 +217,11 @@ def _box_value(st: _State, i: int, k: int) -> int:
 def _observed(apply):
     """``apply`` recorded (and, while a plan is followed, advised)."""
 
-    def observed_apply(opdef, tensors, attrs):
+    def observed_apply(opdef, tensors, attrs, started=False):
         st = _state
-        if not st.enabled or st.overflow:
+        if started:  # a started move (to_global(..., async_op=True)): an outside value
+            return apply(opdef, tensors, attrs, started=True)
+        if not st.enabled or st.overflow or st.idle:
             return apply(opdef, tensors, attrs)
         if not st.calls:
             if st.started and runtime.world() is not st.world:
@@ -355,7 +377,10 @@ def _sources(values: list, inputs: tuple) -> tuple:
         val = values[v]
         while val[0] == "to":
             val = values[val[1]]
-        out.append(val if val[0] != "ext" else "ext")
+        # (a saved boxed copy read in a backward and a tensor from outside are one kind:
+        # which a backward reads depends on the layouts the forward ran in, and the
+        # layouts are checked apart)
+        out.append(val if val[0] == "out" else "ext")
     return tuple(out)
 
 
@@ -442,6 +467,9 @@ class _SolverCall:
 def _step_end(st: _State, ok: bool) -> None:
     if not st.enabled or not st.started:
         return
+    if st.idle:  # the plan is not followed: steps run the per-op choice, unrecorded
+        st.stats["replayed"] += ok and st.idle == "same"
+        return
     plan = st.plan
     if ok and plan is not None and st.following and len(st.calls) == len(plan.calls):
         st.stats["replayed"] += 1
@@ -458,12 +486,38 @@ def _step_end(st: _State, ok: bool) -> None:
             st.stats["gave_up"] = True
         elif shape == st.previous:  # the loop repeats: plan it
             st.plan = _learn(st)
+            st.idle = st.stats["idle"] = _idle(st, st.plan)
         st.previous = shape
     else:
         st.previous = None
     st.window += 1
     st._new_window()
     st.following = st.plan is not None
+
+
+def _idle(st: _State, plan: _Plan):
+    """Why ``plan`` is not followed, or False: ``"same"`` where it runs every call as the
+    per-op choice does (a data-parallel step, say); ``"small"`` where its estimated saving
+    per step does not pay for replaying it (unless ``always``). Either way recording stops,
+    so the loop pays nothing for the step plan from there on."""
+    if all(_same(c, p, q) for c, p, q in zip(st.calls, plan.per_op, plan.chosen)):
+        return "same"
+    planned, per_op = plan.totals
+    if not st.always and per_op - planned <= len(plan.calls) * REPLAY_SECONDS_PER_CALL:
+        return "small"
+    return False
+
+
+def _same(call: Call, per_op, chosen) -> bool:
+    """Whether the plan runs ``call`` as the per-op choice does, where it matters: the same
+    signature on every mesh axis of more than one rank (on an axis of one, split, broadcast
+    and partial hold the same data)."""
+    if chosen is per_op or chosen.sigs is None or per_op.sigs is None:
+        return True
+    mesh = call.layouts[0].placement.shape if call.layouts else ()
+    return all(a is b or (a.inputs, a.outputs) == (b.inputs, b.outputs) or
+               (axis < len(mesh) and mesh[axis] == 1)
+               for axis, (a, b) in enumerate(zip(per_op.sigs, chosen.sigs)))
 
 
 def _shape(calls: list) -> tuple:
@@ -481,76 +535,6 @@ def _learn(st: _State) -> _Plan:
     st.stats["learned"] += 1
     st.stats["solve_seconds"] = seconds
     return _Plan(st.calls, values, chosen, per_op, totals, seconds)
-
-
-# ----------------------------------------------------------------------------- ct.debug view
-class StepPlanReport:
-    """What the step plan did (``ct.debug.step_plan()``): counters, and per planned call
-    where the plan's layouts differ from the per-op choice's.
-
-    ``learned``: windows solved; ``replayed``: windows that followed the plan to their end;
-    ``deviations``: replays that a guard ended early (each fell back to the per-op choice
-    for the rest of its window, silently); ``gave_up``: planning stopped after repeated
-    failures; ``solve_seconds``: the last solve's time; ``estimated``: the cost model's
-    seconds of the planned and the per-op step; ``rows``: per call ``(index, op, per-op
-    layouts, planned layouts)`` (layouts as ``inputs -> outputs`` in S/B/P notation).
-    """
-
-    def __init__(self, enabled, stats, plan):
-        self.enabled = enabled
-        self.learned, self.replayed = stats["learned"], stats["replayed"]
-        self.deviations, self.gave_up = stats["deviations"], stats["gave_up"]
-        self.solve_seconds = stats["solve_seconds"]
-        self.last_deviation = stats["last_deviation"]
-        self.calls = len(plan.calls) if plan is not None else 0
-        self.estimated = plan.totals if plan is not None else None
-        self.rows = _rows(plan) if plan is not None else []
-
-    @property
-    def changed(self) -> list:
-        """The rows whose planned layouts differ from the per-op choice."""
-        return [r for r in self.rows if r[2] != r[3]]
-
-    def summary(self, all_calls: bool = False) -> str:
-        head = (f"step plan: {'on' if self.enabled else 'off'}; {self.calls} calls, learned "
-                f"{self.learned}, replayed {self.replayed}, deviations {self.deviations}"
-                f"{', gave up' if self.gave_up else ''}")
-        if self.estimated is not None:
-            head += (f"; estimated {self.estimated[0] * 1e3:.3f} ms planned vs "
-                     f"{self.estimated[1] * 1e3:.3f} ms per-op (solved in "
-                     f"{self.solve_seconds:.3f} s)")
-        rows = self.rows if all_calls else self.changed
-        lines = [head, f"{'#':>5}  {'op':<24}{'per-op choice':<34}plan"]
-        for i, name, per_op, planned in rows:
-            lines.append(f"{i:>5}  {name:<24}{per_op:<34}{planned}")
-        return "\n".join(lines)
-
-    __str__ = summary
-
-
-def _format(sigs) -> str:
-    """Signatures per mesh axis as ``inputs -> outputs`` (axes joined by `` | ``)."""
-    return " | ".join(f"{format_sbp(s.inputs)} -> {format_sbp(s.outputs)}" for s in sigs)
-
-
-def _rows(plan: _Plan) -> list:
-    if plan.rows is None:
-        plan.rows = [(i, c.opdef.name, _format(c.per_op or p.sigs), _format(q.sigs))
-                     for i, (c, p, q) in enumerate(zip(plan.calls, plan.per_op, plan.chosen))
-                     if q.sigs is not None and p.sigs is not None]
-    return plan.rows
-
-
-def report() -> StepPlanReport:
-    """The step plan's counters and, per call, what the plan chose against what the per-op
-    choice would have (see :class:`StepPlanReport`).
-
-    >>> print(ct.debug.step_plan())
-    step plan: on; 412 calls, learned 1, replayed 3, deviations 0; ...
-        #  op                      per-op choice                     plan
-       14  mul                     P, B -> P                         B, B -> B
-    """
-    return StepPlanReport(_state.enabled, _state.stats, _state.plan)
 
 
 # ----------------------------------------------------------------------------- installation

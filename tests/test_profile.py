@@ -12,6 +12,7 @@ import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
 from ctensor import profile as profile_module
+from ctensor import timing
 from conftest import MPI_MODE, world
 
 COLUMNS = profile_module.COLUMNS
@@ -44,7 +45,7 @@ def test_columns_add_up_and_name_the_work():
     with world(2):
         with ct.debug.profile() as prof:
             _train(3, prof)
-        assert not profile_module.on  # closed: the hooks are off again
+        assert not timing.on  # closed: the hooks are off again
         totals = dict(zip(COLUMNS, prof.totals))
         # every moment charged once: the columns sum to the wall time
         assert sum(prof.totals) == pytest.approx(prof.wall, rel=1e-6)
@@ -111,7 +112,7 @@ def test_bad_input_and_nesting():
         with pytest.raises(RuntimeError, match="already open"):
             with ct.debug.profile():
                 pass
-    assert not profile_module.on
+    assert not timing.on
     with ct.debug.profile() as prof:
         pass
     with pytest.raises(ValueError, match="path"):

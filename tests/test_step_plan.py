@@ -26,7 +26,9 @@ _LOCAL = ("slice", "pad_partial", "local", "relabel")
 
 @pytest.fixture(autouse=True)
 def fresh_plan():
-    ctensor.step_plan(True)
+    # (always: these tests are about what the plan does; on cpu placements the default
+    # does not follow a plan whose saving is below its replay's cost, see the last tests)
+    ctensor.step_plan(True, always=True)
     yield
     ctensor.step_plan(True)
 
@@ -83,7 +85,7 @@ def _check(build, rules, mesh_shape, batch_dim, most=4 * LAYERS + 6):
         pytest.skip(f"needs {int(np.prod(mesh_shape))} ranks")
     ref = _reference(build)
     with float64(), world(int(np.prod(mesh_shape))):
-        ctensor.step_plan(True)
+        ctensor.step_plan(True, always=True)
         runs = _steps(build, rules, mesh_shape, batch_dim, WARMUP + 2)
         report = ctensor.debug.step_plan()
     *_, (loss, grads, log), (loss2, _, log2) = runs
@@ -172,7 +174,7 @@ def test_a_failed_guard_is_silent_correct_and_counted():
         sequence = [(full, False), (small, False), (full, False), (full, False),
                     (full, True)]
         expected = [step(*args) for args in sequence]
-        ctensor.step_plan(True)
+        ctensor.step_plan(True, always=True)
         for _ in range(WARMUP):
             step(full)
         before = ctensor.debug.step_plan()
@@ -209,3 +211,30 @@ def test_solver_is_fast_and_deterministic():
         second = stepsolve.solve(calls, plan.values)
     assert [o.picks for o in first[0]] == [o.picks for o in second[0]]
     assert first[2] == second[2]
+
+
+def test_by_default_a_plan_is_followed_only_where_it_pays():
+    """By default a plan whose estimated saving per step is below its replay's cost (here:
+    cpu placements, where a collective costs a few microseconds) is learned and reported
+    but not followed, and recording stops: the steps keep the per-op choice's collectives
+    and values. Data parallel: the per-op choice is (nearly) the plan; recording stops too."""
+    with float64(), world(2):
+        ctensor.step_plan(True)
+        runs = _steps(llama, LLAMA_TP, (2,), None, WARMUP + 2)
+        report = ctensor.debug.step_plan()
+        assert report.idle == "small" and report.learned == 1, report.summary()
+        assert report.estimated[0] < report.estimated[1]  # cheaper, not cheap enough
+        saving = report.estimated[1] - report.estimated[0]
+        assert saving <= report.calls * ctensor.stepplan.REPLAY_SECONDS_PER_CALL
+        assert "always=True" in report.summary()
+        counts = [len(_collectives(log)) for _, _, log in runs]
+        assert len(set(counts)) == 1 and counts[0] > 4 * LAYERS + 6, counts
+        ctensor.step_plan(True)
+        runs = _steps(llama, None, (2,), 0, WARMUP + 2)
+        report = ctensor.debug.step_plan()
+        # (the plan moves the loss's division after its reduction: a few microseconds)
+        assert report.idle in ("same", "small"), report.summary()
+    for (loss, grads, _), (ref_loss, ref_grads, _) in zip(runs[1:], runs[:-1]):
+        assert np.isfinite(loss) and grads.keys() == ref_grads.keys()
+    with pytest.raises(TypeError, match="always"):
+        ctensor.step_plan(True, always=1)

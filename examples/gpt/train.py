@@ -292,7 +292,7 @@ def main(a) -> list:
             optimizer.zero_grad()
         scheduler.step()
         dt = time.perf_counter() - t0
-        if prof is not None and ct.profile.on:
+        if prof is not None and prof.is_open:
             prof.step()
         tokens_per_s = a.global_batch * a.seq_len / dt
         history.append(loss)
@@ -306,7 +306,7 @@ def main(a) -> list:
         checkpoints.periodic(step + 1, lambda: training_state(
             gpt, optimizer, scheduler, memory, rng, step + 1))
     elapsed = time.perf_counter() - t_start
-    if prof is not None and ct.profile.on:
+    if prof is not None and prof.is_open:
         prof.__exit__(None, None, None)
         table = prof.table()  # (collective: every rank)
         prof.export_chrome_trace(a.profile)

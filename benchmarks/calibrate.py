@@ -1,4 +1,4 @@
-"""Measure this machine for the cost model: ``python -m ctensor.calibrate``.
+"""Measure this machine for the cost model: ``python benchmarks/calibrate.py``.
 
 Writes the ``cpu`` table of ``ctensor/devices.toml`` (or of ``--output PATH``), the one the
 signature choice prices ``"cpu"`` placements with and ``ct.plan`` prices a CPU step with
@@ -165,7 +165,7 @@ def _mpi(nbytes: int, repeats: int) -> dict:
     mpiexec = os.path.join(here, "mpiexec")
     if not os.path.exists(mpiexec):
         mpiexec = "mpiexec"
-    cmd = [mpiexec, "-n", "2", sys.executable, "-m", "ctensor.calibrate", "--mpi-worker",
+    cmd = [mpiexec, "-n", "2", sys.executable, os.path.abspath(__file__), "--mpi-worker",
            "--mpi-bytes", str(nbytes), "--repeats", str(repeats)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode:
@@ -175,7 +175,7 @@ def _mpi(nbytes: int, repeats: int) -> dict:
 
 def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
     """This machine's ``cpu`` table (a dict of :class:`ctensor.cost.Device` fields)."""
-    from . import cost
+    from ctensor import cost
     r = repeats or (5 if quick else 15)
     gemm = 256 if quick else 512
     table = {"peak_flops_fp32": gemm_rate(gemm, np.float32, r),
@@ -230,8 +230,8 @@ def write_table(path: str, name: str, table: dict, note: str = "") -> None:
 
 
 def main(argv=None) -> dict:
-    from . import cost
-    p = argparse.ArgumentParser(prog="python -m ctensor.calibrate",
+    from ctensor import cost
+    p = argparse.ArgumentParser(prog="python benchmarks/calibrate.py",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default=cost.DEVICE_FILE,
                    help="the TOML file whose [cpu] table is written (default: %(default)s)")
@@ -249,7 +249,7 @@ def main(argv=None) -> dict:
         env = dict(os.environ, CTENSOR_CALIBRATE_CHILD="1", OPENBLAS_NUM_THREADS="1",
                    OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         args = sys.argv[1:] if argv is None else list(argv)
-        done = subprocess.run([sys.executable, "-m", "ctensor.calibrate", *args], env=env)
+        done = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env)
         if done.returncode:
             raise SystemExit(done.returncode)
         if a.dry_run:
@@ -272,7 +272,7 @@ def main(argv=None) -> dict:
             print(f"{k:>18} = {table[k]:.4g}")
     load = os.getloadavg()[0]
     note = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by python -m "
-            f"ctensor.calibrate{' --quick' if a.quick else ''} in "
+            f"benchmarks/calibrate.py{' --quick' if a.quick else ''} in "
             f"{time.perf_counter() - t0:.0f} s, load {load:.1f}")
     if not a.dry_run:
         write_table(a.output, a.name, table, note)
