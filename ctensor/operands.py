@@ -68,7 +68,7 @@ def _rehomed(values: Sequence, tensors: list) -> tuple:
     """A tensor broadcast over every rank of its placement meets tensors on another
     placement of the same ranks and device (a position or mask made without a placement,
     used with a model on a 2-D mesh): it is taken onto theirs, as each rank's own array
-    (``boxing._Rehome``, no message). Other mixes are left for the error."""
+    (``boxing_steps._Rehome``, no message). Other mixes are left for the error."""
     def replicated(t):
         return all(type(e) is Broadcast for e in t.sbp)
     homes = [t.placement for t in tensors if not replicated(t)] or \
