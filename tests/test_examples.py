@@ -52,7 +52,7 @@ SETUP = ['pip install -e ".[test]"', "pytest"]  # the README's install-and-test 
 GENERIC = {"python script.py", "mpiexec -n 4 python script.py"}  # "Running": the pattern
 TINY_GPT = ["--steps", "2", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
             "--global-batch", "8", "--no-progress"]
-OUTPUTS = {"--plot", "--save", "--log-json", "--timeline"}  # train.py options naming a file
+OUTPUTS = {"--plot", "--save", "--log-json", "--timeline", "--output"}  # options naming a file
 #: the options plan.py --quick sets (plan.QUICK): a README command's own would win over them
 PLAN_SIZES = {"--dp", "--tp", "--pp", "--layers", "--hidden", "--heads", "--seq-len",
               "--global-batch", "--micro-batches", "--vocab"}
