@@ -33,6 +33,11 @@ def fresh_plan():
     ctensor.step_plan(True)
 
 
+def _needs_two_ranks():
+    if MPI_MODE and ctensor.world_size() != 2:
+        pytest.skip("a two-rank world (under mpiexec: -n 2)")
+
+
 def _collectives(log):
     return [e for e in log if e.collective not in _LOCAL]
 
@@ -135,6 +140,7 @@ def test_nanogpt_tensor_parallel_by_sbp_rules_alone():
 
 # ----------------------------------------------------------------------------- behaviour
 def test_off_switch_gives_the_per_op_choice():
+    _needs_two_ranks()
     with float64(), world(2):
         ctensor.step_plan(False)
         runs = _steps(llama, LLAMA_TP, (2,), None, 3)
@@ -150,6 +156,7 @@ def test_a_failed_guard_is_silent_correct_and_counted():
     never saw) falls back to the per-op choice, gives the values the per-op choice gives,
     and is counted; the plan is learned again."""
     arrays = programs.llama_batch()
+    _needs_two_ranks()
     with float64(), world(2):
         ctensor.step_plan(False)
         ctensor.manual_seed(0)
@@ -190,6 +197,7 @@ def test_a_failed_guard_is_silent_correct_and_counted():
 
 
 def test_report_names_what_the_plan_changed():
+    _needs_two_ranks()
     with float64(), world(2):
         _steps(llama, LLAMA_TP, (2,), None, WARMUP)
         report = ctensor.debug.step_plan()
@@ -202,6 +210,7 @@ def test_report_names_what_the_plan_changed():
 
 
 def test_solver_is_fast_and_deterministic():
+    _needs_two_ranks()
     with float64(), world(2):
         _steps(llama, LLAMA_TP, (2,), None, WARMUP)
         from ctensor import stepplan, stepsolve
@@ -218,6 +227,7 @@ def test_by_default_a_plan_is_followed_only_where_it_pays():
     cpu placements, where a collective costs a few microseconds) is learned and reported
     but not followed, and recording stops: the steps keep the per-op choice's collectives
     and values. Data parallel: the per-op choice is (nearly) the plan; recording stops too."""
+    _needs_two_ranks()
     with float64(), world(2):
         ctensor.step_plan(True)
         runs = _steps(llama, LLAMA_TP, (2,), None, WARMUP + 2)
