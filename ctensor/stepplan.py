@@ -41,8 +41,8 @@ each op's choice is already the best) leaves nothing to replay: the process then
 recording (``idle`` in the report; each later step counts as replayed), so such a loop pays
 for the step plan only during its first steps. ``ct.step_plan(True)`` learns again.
 
-On by default (``CTENSOR_STEP_PLAN=0`` in the environment: off from the start);
-``ct.step_plan(False)`` turns it off (and forgets the plan). What the plan
+Off by default: ``ct.step_plan(True)`` (or ``CTENSOR_STEP_PLAN=1`` in the environment)
+turns it on, ``ct.step_plan(False)`` off (and forgets the plan). What the plan
 chose against the per-op choice, per call: :func:`ctensor.stepview.report`
 (``ct.debug.step_plan()``).
 
@@ -63,6 +63,10 @@ from .stepsolve import solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
+#: whether a process starts with step planning on: off unless ``CTENSOR_STEP_PLAN=1``
+#: (measured on this CPU: recording ops with grad outside a step doubles their dispatch
+#: overhead, and on cpu placements a followed plan rarely pays for its replay)
+DEFAULT_ON = os.environ.get("CTENSOR_STEP_PLAN", "0") == "1"
 _MAX_CALLS = 200_000  # a window longer than this is not recorded (no backward in sight)
 _GIVE_UP = 3  # plans in a row that fail: stop planning
 #: what replaying a planned step costs per op call, on top of its dispatch (recording the
@@ -114,7 +118,7 @@ class _Plan:
 
 class _State:
     def __init__(self):
-        self.enabled = os.environ.get("CTENSOR_STEP_PLAN", "1") != "0"
+        self.enabled = DEFAULT_ON
         self.world = None
         self.started = False
         self.window = 0
@@ -146,7 +150,7 @@ _advice: Optional[tuple] = None  # (op, layouts, signatures per axis, answered) 
 
 # ----------------------------------------------------------------------------- switches
 def step_plan(enable: bool = True, *, always: bool = False) -> None:
-    """Turn whole-step planning on (the default) or off. Either way the learned plan and
+    """Turn whole-step planning on or off (the default: :data:`DEFAULT_ON`). Either way the learned plan and
     the counters are forgotten. Call it alike on every rank.
 
     ``always``: follow a plan the cost model prices cheaper than the per-op choice even when

@@ -30,7 +30,7 @@ def fresh_plan():
     # does not follow a plan whose saving is below its replay's cost, see the last tests)
     ctensor.step_plan(True, always=True)
     yield
-    ctensor.step_plan(True)
+    ctensor.step_plan(ctensor.stepplan.DEFAULT_ON)
 
 
 def _needs_two_ranks():
