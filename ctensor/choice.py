@@ -113,12 +113,7 @@ def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints,
         outs.append(Layout(tuple(shape), np.dtype(dtype), placement,
                            tuple(B_ if s is None else s for s in sbp)))
     if not opdef.view:
-        nbytes = sum(l.local_nbytes(first) for l in boxed) + \
-            sum(l.local_nbytes(first) for l in outs)
-        flops = None
-        if opdef.flops is not None:
-            flops = opdef.flops([l.local_shape(first) for l in boxed],
-                                [l.local_shape(first) for l in outs], **attrs)
+        flops, nbytes = cost_model.kernel_work(opdef, boxed, outs, attrs)
         total += cost_model.compute(device, nbytes, flops)
     # an output is charged the move to where it is expected next (its hint); without one, a
     # layout this op creates is charged the move it will most likely need: a partial output

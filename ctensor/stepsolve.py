@@ -82,13 +82,7 @@ def _option(opdef, layouts, attrs, out_meta, axis_cands, picks) -> Optional[Opti
                  for (shape, dtype), s in zip(out_meta, out_sbp))
     seconds = 0.0
     if not opdef.view:
-        first = placement.rank_list[0]
-        nbytes = sum(l.local_nbytes(first) for l in targets) + \
-            sum(l.local_nbytes(first) for l in outs)
-        flops = None
-        if opdef.flops is not None:
-            flops = opdef.flops([l.local_shape(first) for l in targets],
-                                [l.local_shape(first) for l in outs], **attrs)
+        flops, nbytes = cost_model.kernel_work(opdef, targets, outs, attrs)
         seconds = cost_model.compute(placement.device, nbytes, flops)
     sigs = tuple(axis_cands[axis][p] for axis, p in enumerate(picks))
     return Option(tuple(picks), sigs, targets, outs, seconds)
