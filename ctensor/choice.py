@@ -102,6 +102,10 @@ def _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp, hints,
             total += _PINNED  # parameters stay where they were laid out
         if grads >> i & 1:
             back = _gradient_layout(target, axis, replicated)
+            # a partial input's gradient is replicated on every other axis too (its dual):
+            # charging an all-reduce there would price another axis's choice into this one
+            back = back.with_sbp(tuple(B_ if b != axis and isinstance(l.sbp[b], Partial)
+                                       else e for b, e in enumerate(back.sbp)))
             total += boxing.cost(back, l.with_sbp(dual(l.sbp)))
     if cand.composite and cand.comm is not None:
         total += cand.comm(layouts, axis, **attrs)
