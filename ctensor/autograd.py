@@ -29,9 +29,11 @@ __all__ = ["Node", "backward", "grad", "raw_grad", "forward_context", "Function"
            "regather_saved",
            "graph_handle", "graph_leaves", "no_grad",
            "enable_grad", "is_grad_enabled", "no_sync", "grad_sync_enabled", "grad_layout",
-           "bucket_size", "set_bucket_size", "GradMode", "grad_mode"]
+           "bucket_size", "set_bucket_size", "bucket_overlap", "set_bucket_overlap",
+           "GradMode", "grad_mode"]
 
 bucket_size, set_bucket_size = gradsync.bucket_size, gradsync.set_bucket_size
+bucket_overlap, set_bucket_overlap = gradsync.bucket_overlap, gradsync.set_bucket_overlap
 
 _sync_enabled = True
 

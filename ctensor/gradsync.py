@@ -9,7 +9,9 @@ mesh axis, ``P -> S(d)`` (sharded states: a reduce-scatter) — joins a **bucket
 gradients needing the same reduction over the same mesh axes. A bucket is flattened into
 one buffer per rank and reduced by one collective, started (nonblocking where the backend
 allows) as soon as it holds :func:`bucket_size` bytes, while the backward goes on; every
-bucket is waited on before ``backward()`` returns. Gradients that need another move (a
+bucket is waited on before ``backward()`` returns (with :func:`set_bucket_overlap` ``(False)``
+the same buckets start only once the backward is done: the reduction after backward, to
+compare against). Gradients that need another move (a
 gather, say) are boxed one by one. Every bucket appears in ``ct.debug.comm_log()`` as op
 ``grad_sync``.
 
@@ -30,11 +32,13 @@ from .meta import MetaBuffer, rank_bytes
 from .registry import OPS
 from .sbp import Broadcast, Partial, ReduceOp, Split, split_range
 
-__all__ = ["bucket_size", "set_bucket_size", "Synchronizer", "DEFAULT_BUCKET_MB"]
+__all__ = ["bucket_size", "set_bucket_size", "bucket_overlap", "set_bucket_overlap",
+           "Synchronizer", "DEFAULT_BUCKET_MB"]
 
 #: the default bucket size in MiB (PyTorch DDP's default)
 DEFAULT_BUCKET_MB = 25.0
 _bucket_bytes = int(DEFAULT_BUCKET_MB * 2**20)
+_overlap = True
 
 
 def bucket_size() -> int:
@@ -54,6 +58,28 @@ def set_bucket_size(megabytes: float) -> None:
         raise ValueError(f"set_bucket_size: argument 'megabytes' must be a number >= 0, got "
                          f"{megabytes!r}")
     _bucket_bytes = int(megabytes * 2**20)
+
+
+def bucket_overlap() -> bool:
+    """Whether a full bucket's reduction starts during the backward (the default)."""
+    return _overlap
+
+
+def set_bucket_overlap(overlap: bool) -> None:
+    """``True`` (the default): a bucket's reduction starts as soon as it is full, while the
+    backward goes on, and the engine lets it progress between backward functions.
+    ``False``: the same buckets, filled in the same order, start only once the backward is
+    done (PyTorch DDP without overlap): the same collectives and the same bits, for
+    measuring what the overlap gains (``benchmarks/overlap.py``). Call it alike on every
+    rank.
+
+    >>> ct.autograd.set_bucket_overlap(False)
+    """
+    global _overlap
+    if not isinstance(overlap, bool):
+        raise TypeError(f"set_bucket_overlap: argument 'overlap' must be a bool, got "
+                        f"{overlap!r} ({type(overlap).__name__})")
+    _overlap = overlap
 
 
 def _reduction(src: Layout, dst: Layout):
@@ -190,6 +216,7 @@ class Synchronizer:
         self.sync = sync
         self.open: dict = {}      # key -> filling bucket
         self.started: list = []   # buckets whose reduction runs, in start order
+        self.full: list = []      # full buckets held until finish() (no overlap)
         self.direct: list = []    # (leaf, final grad) boxed one by one
 
     def deposit(self, leaf, g) -> None:
@@ -220,10 +247,14 @@ class Synchronizer:
                                               scatter_axis)
         bucket.add(leaf, g, target, scatter[1] if scatter else None)
         if bucket.nbytes >= _bucket_bytes:
-            self._start(bucket)
+            if _overlap:
+                self._start(bucket)
+            else:
+                del self.open[key]
+                self.full.append(bucket)
 
     def _start(self, bucket: _Bucket) -> None:
-        del self.open[bucket.key]
+        self.open.pop(bucket.key, None)
         context.op_stack.append("grad_sync")  # names the bucket in the communication log
         packs = _profile.on and _profile.enter(_profile.BOXING, "grad_sync pack")
         try:
@@ -242,7 +273,7 @@ class Synchronizer:
 
     def finish(self) -> None:
         """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
-        for bucket in list(self.open.values()):
+        for bucket in self.full + list(self.open.values()):
             self._start(bucket)
         results = list(self.direct)
         unpacks = _profile.on and _profile.enter(_profile.BOXING, "grad_sync wait")
