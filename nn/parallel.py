@@ -15,6 +15,11 @@ Nothing here communicates. Each helper returns a rule dict (parameter name -> SB
   Everything else (LayerNorm, position embedding, row-parallel biases) is broadcast.
 * **2-D** on a ``(dp, tp)`` mesh: broadcast along the data-parallel axis and the
   tensor-parallel rule along the other, e.g. ``(B, S(0))``.
+* **Expert parallel** (GShard; Megatron-Core's EP within DP): an ``nn.MoE``'s experts
+  ``S(0)`` on an expert axis that also splits the batch (:func:`expert_parallel_rules`);
+  the dispatch and the combine are then one all-to-all each (boxing), and with a tensor
+  axis the experts' hidden dim is split there too (ETP, one reduction). The router is
+  broadcast.
 * **Sequence parallel** (Megatron-SP, ``sequence_parallel=True``): the same parameter
   layouts, and the *residual stream* — the input of every transformer ``Block``, of every
   ``LayerNorm`` and of the dropouts of what is added to it — laid out ``S(1)`` (split along
@@ -30,17 +35,19 @@ Nothing here communicates. Each helper returns a rule dict (parameter name -> SB
 from __future__ import annotations
 
 import weakref
+from typing import Optional
 
 import ctensor as ct
 
 from .fsdp import fully_shard  # noqa: F401  (nn.parallel.fully_shard: ZeRO-2/3 by SBP)
 from .layers import Embedding, LayerNorm, Linear, Sequential
 from .module import Module
+from .moe import MoE
 from .transformer import GPT, MLP, Block, CausalSelfAttention
 
 __all__ = ["data_parallel", "data_parallel_rules", "tensor_parallel", "tensor_parallel_rules",
            "hybrid_parallel", "hybrid_parallel_rules", "sequence_parallel", "batch_sbp",
-           "fully_shard"]
+           "expert_parallel_rules", "fully_shard"]
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 COLUMN = {"weight": S(0), "bias": S(0)}   # output features split
@@ -106,6 +113,8 @@ def tensor_parallel_rules(module: Module) -> dict:
         elif isinstance(mod, MLP):
             _linear_rules(sub("fc"), mod.fc, COLUMN, rules)
             _linear_rules(sub("proj"), mod.proj, ROW, rules)
+        elif isinstance(mod, MoE):  # expert tensor parallel (ETP); the router replicated
+            rules.update({sub("router.weight"): B, sub("w1"): S(2), sub("w2"): S(1)})
         elif isinstance(mod, GPT):
             rules[sub("wte.weight")] = S(0)
             if not mod.tie_weights:
@@ -316,6 +325,47 @@ def hybrid_parallel(module: Module, placement, tp_axis: int = 1,
     if sequence_parallel:
         _sequence_parallel(module, tp_axis)
     return module
+
+
+def expert_parallel_rules(module: Module, mesh_ndim: int = 1, ep_axis: int = 0,
+                          tp_axis: Optional[int] = None) -> dict:
+    """Rules laying out the experts of every ``nn.MoE`` in ``module``: ``w1 (E, d, f)``
+    and ``w2 (E, f, d)`` split ``S(0)`` on the expert axis ``ep_axis`` and, with
+    ``tp_axis``, ``S(2)`` / ``S(1)`` there (expert tensor parallel: one partial output,
+    reduced once); broadcast elsewhere. Split the tokens' batch on ``ep_axis`` too (expert
+    parallelism within data parallelism, as Megatron-Core): the dispatch's all-to-all then
+    carries each group's tokens to their experts. Merge into other rules
+    (``{**hybrid_parallel_rules(model, 3, 2), **expert_parallel_rules(model, 3, 1, 2)}``).
+
+    >>> nn.parallel.expert_parallel_rules(nn.MoE(8, 4), 2, ep_axis=0, tp_axis=1)
+    {'w1': (S(0), S(2)), 'w2': (S(0), S(1))}
+    """
+    _check_module("expert_parallel_rules", module)
+    for arg, axis in (("ep_axis", ep_axis), ("tp_axis", tp_axis)):
+        if axis is not None and not (isinstance(axis, int) and 0 <= axis < mesh_ndim):
+            raise ValueError(f"expert_parallel_rules: argument '{arg}' must be a mesh axis "
+                             f"in 0..{mesh_ndim - 1}, got {axis!r}")
+    if tp_axis == ep_axis:
+        raise ValueError(f"expert_parallel_rules: 'ep_axis' and 'tp_axis' are both "
+                         f"{ep_axis}; give the experts and their hidden dim different axes")
+
+    def layout(tensor_dim: int) -> tuple:
+        sbp = [B] * mesh_ndim
+        sbp[ep_axis] = S(0)
+        if tp_axis is not None:
+            sbp[tp_axis] = S(tensor_dim)
+        return tuple(sbp)
+
+    rules = {}
+    for name, mod in module.named_modules():
+        if isinstance(mod, MoE):
+            prefix = f"{name}." if name else ""
+            rules[f"{prefix}w1"], rules[f"{prefix}w2"] = layout(2), layout(1)
+    if not rules:
+        raise ValueError(f"expert_parallel_rules: {type(module).__name__} contains no "
+                         f"nn.MoE layer; build the model with experts (nn.GPT(..., "
+                         f"moe_experts=E))")
+    return rules
 
 
 def batch_sbp(placement, dp_axis: int = 0, dim: int = 0) -> tuple:

@@ -21,6 +21,7 @@ import ctensor as ct
 from . import functional as F
 from .layers import Dropout, Embedding, GELU, LayerNorm, Linear, ModuleList
 from .module import Module
+from .moe import MoE
 from .utils import checkpoint
 
 __all__ = ["CausalSelfAttention", "MLP", "Block", "GPT"]
@@ -113,11 +114,14 @@ class Block(Module):
     ``recompute="selective"`` recomputes only the attention core (its scores and softmax,
     the largest activations: Korthikanti et al. 2022).
 
+    ``moe={"n_experts": 4, "top_k": 2, ...}`` makes the MLP an :class:`~ctensor.nn.MoE`
+    (those arguments; GPT-2's tanh GELU, the block's dropout).
+
     >>> block = nn.Block(n_embd=16, n_head=2, recompute=True)
     """
 
     def __init__(self, n_embd: int, n_head: int, dropout: float = 0.0, bias: bool = True,
-                 dtype=None, recompute: bool = False):
+                 dtype=None, recompute: bool = False, moe: Optional[dict] = None):
         super().__init__()
         if recompute not in (False, True, "selective"):
             raise ValueError(f"Block: argument 'recompute' must be False, True or "
@@ -126,7 +130,9 @@ class Block(Module):
         self.ln_1 = LayerNorm(n_embd, dtype=dtype)
         self.attn = CausalSelfAttention(n_embd, n_head, dropout, bias, dtype)
         self.ln_2 = LayerNorm(n_embd, dtype=dtype)
-        self.mlp = MLP(n_embd, dropout, bias, dtype=dtype)
+        # moe: nn.MoE's arguments (n_experts, top_k, ...): a mixture of experts as the MLP
+        self.mlp = MLP(n_embd, dropout, bias, dtype=dtype) if not moe else \
+            MoE(n_embd, dropout=dropout, dtype=dtype, activation="gelu_tanh", **moe)
 
     def forward(self, x: ct.Tensor) -> ct.Tensor:
         self.attn.recompute_core = self.recompute == "selective"
@@ -150,13 +156,22 @@ class GPT(Module):
     ``recompute=True`` checkpoints every block (activation recompute: each block keeps only
     its input for the backward and recomputes the rest; same values and gradients).
 
+    ``moe_experts=E`` makes the MLP of every ``moe_every``-th block (the last of each run of
+    ``moe_every``: all with 1, every other with 2 as GShard) an :class:`~ctensor.nn.MoE` of
+    ``E`` experts (``moe_top_k``, ``moe_capacity_factor``; hidden ``4 * n_embd``). Each
+    one's load-balancing loss times ``moe_aux_loss_coef`` is in ``loss`` (its value added;
+    its gradient reaches the router through the block's output, as Megatron-Core's
+    ``MoEAuxLossAutoScaler``, so recompute and pipeline stages keep it).
+
     >>> model = nn.GPT(vocab_size=16, block_size=8, n_layer=2, n_head=2, n_embd=16)
     >>> logits, loss = model(idx, targets)
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int,
                  n_embd: int, dropout: float = 0.0, tie_weights: bool = True, bias: bool = True,
-                 dtype=None, recompute: bool = False):
+                 dtype=None, recompute: bool = False, moe_experts: int = 0, moe_top_k: int = 2,
+                 moe_capacity_factor: float = 1.25, moe_aux_loss_coef: float = 0.01,
+                 moe_every: int = 1):
         super().__init__()
         self.vocab_size = _check("GPT", "vocab_size", vocab_size)
         self.block_size = _check("GPT", "block_size", block_size)
@@ -166,8 +181,14 @@ class GPT(Module):
         self.wte = Embedding(vocab_size, n_embd, std=0.02, dtype=dtype)
         self.wpe = Embedding(block_size, n_embd, std=0.02, dtype=dtype)
         self.drop = Dropout(dropout)
-        self.blocks = ModuleList([Block(n_embd, n_head, dropout, bias, dtype, recompute)
-                                  for _ in range(n_layer)])
+        moe_experts = _check("GPT", "moe_experts", moe_experts, positive=False)
+        moe_every = _check("GPT", "moe_every", moe_every)
+        moe = {"n_experts": moe_experts, "top_k": moe_top_k,
+               "capacity_factor": moe_capacity_factor,
+               "aux_loss_coef": moe_aux_loss_coef} if moe_experts else None
+        self.blocks = ModuleList([Block(n_embd, n_head, dropout, bias, dtype, recompute,
+                                        moe if i % moe_every == moe_every - 1 else None)
+                                  for i in range(n_layer)])
         self.ln_f = LayerNorm(n_embd, dtype=dtype)
         self.lm_head = Linear(n_embd, vocab_size, bias=False, dtype=dtype)
         if self.tie_weights:
@@ -178,6 +199,9 @@ class GPT(Module):
         residual_std = 0.02 / math.sqrt(2 * self.n_layer)
         with ct.no_grad():
             for name, mod in self.named_modules():
+                if isinstance(mod, MoE):  # w2 projects back into the residual stream
+                    for w, std in ((mod.w1, 0.02), (mod.w2, residual_std)):
+                        w.copy_(ct.randn(*w.shape, dtype=w.dtype) * std)
                 if not isinstance(mod, Linear) or (self.tie_weights and mod is self.lm_head):
                     continue
                 std = residual_std if name.endswith(".proj") else 0.02
@@ -201,7 +225,15 @@ class GPT(Module):
         logits = self.lm_head(self.ln_f(x))
         loss = None if targets is None else \
             F.cross_entropy(logits.flatten(0, -2), targets.flatten())
+        if loss is not None:
+            for moe in self.moe_layers():  # (the gradient travels with the activations)
+                loss = loss + moe.aux_loss_coef * moe.aux_loss.detach()
         return logits, loss
+
+    def moe_layers(self) -> list:
+        """The :class:`~ctensor.nn.MoE` layers of the blocks (their ``aux_loss`` and
+        ``stats`` are the last forward's)."""
+        return [b.mlp for b in self.blocks if isinstance(b.mlp, MoE)]
 
     def extra_repr(self) -> str:
         return (f"vocab_size={self.vocab_size}, block_size={self.block_size}, "
