@@ -15,7 +15,7 @@ import numpy as np
 from . import datacheck, debug
 from .executor import new_tensor
 from .layout import Layout
-from .meta import MetaBuffer
+from .meta import MetaBuffer, for_world
 from .placement import Placement
 from ._args import unpack_sizes
 from .registry import OPS, OpRecord
@@ -151,8 +151,12 @@ def from_local(local, placement: Placement, sbp, shape=None) -> Tensor:
         raise TypeError(f"{fn}: argument 'placement' must be a ct.placement, got "
                         f"{placement!r} ({type(placement).__name__})")
     placement.check_world(w.size, fn)
-    if w.meta:
-        return _from_local_meta(fn, local, placement, sbp, shape)
+    return for_world(_from_local_arrays, _from_local_meta)(fn, local, placement, sbp, shape)
+
+
+def _from_local_arrays(fn, local, placement, sbp, shape) -> Tensor:
+    """:func:`from_local` in a world with data: every rank's shard, shapes exchanged."""
+    w = world()
     held = [r for r in w.held_ranks if r in placement]
     try:
         arrays, problem = _local_arrays(fn, local, w, held, array_module(placement.device)), None

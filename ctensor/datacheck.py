@@ -25,6 +25,7 @@ from typing import Mapping, Sequence, Union
 import numpy as np
 
 from .arrays import to_host
+from .meta import reads_values
 from .sbp import Broadcast, format_sbp
 
 __all__ = ["check_tensor_data", "check_same_data", "check_broadcast_data",
@@ -222,10 +223,15 @@ def check_broadcast_data(tensors: Union[Mapping[str, object], Sequence],
     >>> ct.debug.check_broadcast_data(dict(nn.Linear(4, 4).named_parameters()))
     ValueError: check_broadcast_data: 2 tensors differ between ranks that their SBP says ...
     """
+    if enabled():
+        _check_broadcast(tensors, fn, kind)
+
+
+@reads_values()
+def _check_broadcast(tensors, fn: str, kind: str) -> None:
+    """:func:`check_broadcast_data`'s work (skipped shape-only: no data to hash)."""
     from . import runtime
     w = runtime.world()
-    if w.meta or not enabled():
-        return
     named = list(tensors.items()) if hasattr(tensors, "items") else \
         [(str(i), t) for i, t in enumerate(tensors)]
     items = [(name, t) for name, t in named

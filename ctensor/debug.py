@@ -35,6 +35,7 @@ from . import timing as _profile
 from . import worktrace as _trace
 from .comm import context
 from .datacheck import check_broadcast_data, check_same_data, check_tensor_data
+from .meta import for_world
 
 __all__ = ["comm_log", "CommEvent", "CommLog", "visualize", "Picture", "per_rank",
            "check_consistency", "consistency_checks_enabled", "check_tensor_data",
@@ -461,23 +462,36 @@ def memory(rank: Optional[int] = None) -> MemoryStats:
         raise RuntimeError("memory: memory tracking is off; turn it on first with "
                            "ct.debug.track_memory() (a call, or a with block around the "
                            "code to measure)")
-    held, meta = world().held_ranks, world().meta
+    held = world().held_ranks
+    snapshot = for_world(_memory.snapshot, _meta_snapshot)
     if rank is not None:
         if rank not in held:
             raise ValueError(f"memory: argument 'rank' is {rank!r}, but this process holds "
                              f"ranks {list(held)}")
-        return MemoryStats(rank, *_memory.snapshot(rank, meta))
+        return MemoryStats(rank, *snapshot(rank))
     if len(held) == 1:
-        return MemoryStats(held[0], *_memory.snapshot(held[0], meta))
-    if meta:  # a shape-only run: the figures are vectors over ranks
-        f = _memory.meta_peaks()
-        top = lambda a: int(a.max()) if a.size else 0  # noqa: E731
-        return MemoryStats("max", {k: top(f["current_" + k]) for k in _memory.KINDS},
-                           {k: top(f[k]) for k in _memory.KINDS}, top(f["total"]))
+        return MemoryStats(held[0], *snapshot(held[0]))
+    return for_world(_most_held, _most_held_meta)(held)
+
+
+def _meta_snapshot(rank: int) -> tuple:
+    return _memory.snapshot(rank, True)
+
+
+def _most_held(held) -> MemoryStats:
+    """The maximum over the ranks ``held``, field by field."""
     snaps = [_memory.snapshot(r) for r in held]
     current = {k: max(s[0][k] for s in snaps) for k in _memory.KINDS}
     peak = {k: max(s[1][k] for s in snaps) for k in _memory.KINDS}
     return MemoryStats("max", current, peak, max(s[2] for s in snaps))
+
+
+def _most_held_meta(held) -> MemoryStats:
+    """:func:`_most_held` of a shape-only run, whose figures are vectors over ranks."""
+    f = _memory.meta_peaks()
+    top = lambda a: int(a.max()) if a.size else 0  # noqa: E731
+    return MemoryStats("max", {k: top(f["current_" + k]) for k in _memory.KINDS},
+                       {k: top(f[k]) for k in _memory.KINDS}, top(f["total"]))
 
 
 def reset_peak_memory() -> None:

@@ -21,14 +21,12 @@ leaves each rank exactly its shard of every gradient.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from . import boxing, debug, memory
 from . import timing as _profile
 from .arrays import array_module
 from .comm import context
 from .layout import Layout
-from .meta import MetaBuffer, rank_bytes
+from .meta import flat_views, local_arrays, share_arrays, start_reduction
 from .registry import OPS
 from .sbp import Broadcast, Partial, ReduceOp, Split, split_range
 
@@ -150,9 +148,19 @@ class _Bucket:
         return parts
 
     def start(self) -> None:
+        """Start the reduction (:func:`ctensor.meta.start_reduction`: shape-only, recorded)
+        and drop the members' unreduced gradients."""
+        self.pending = start_reduction(self)
+        self._release()
+
+    def record(self, elements: int, nbytes: int) -> None:
+        """Log the reduction as the real one logs itself (``elements`` per rank, ``nbytes``
+        fed by all): what a shape-only run records (:class:`ctensor.meta.Reduction`)."""
+        debug.record(boxing._Flat(self.placement, self.axes, self.scatter is not None,
+                                  self.dtype, elements), nbytes)
+
+    def reduce_arrays(self):
         """Pack every member's shards into one buffer per rank and start the reduction."""
-        if type(self.members[0][1]._shards) is MetaBuffer:
-            return self._start_meta()
         flats, sizes = {}, None if self.scatter is None else {}
         for rank in self.members[0][1]._shards:
             xp = array_module(self.members[0][1]._shards[rank])
@@ -165,9 +173,8 @@ class _Bucket:
                 segments = [xp.concatenate([p[i] for p in pieces]) for i in range(k)]
                 sizes[rank] = [int(s.size) for s in segments]  # alike across a group
                 flats[rank] = xp.concatenate(segments)
-        self.pending = boxing.reduce_flat(flats, self.placement, self.axes, sizes,
-                                          self.dtype, len(self.members))
-        self._release()
+        return boxing.reduce_flat(flats, self.placement, self.axes, sizes, self.dtype,
+                                  len(self.members))
 
     def _release(self) -> None:
         """Drop the members' unreduced gradients once packed (the flat buffer holds their
@@ -175,37 +182,12 @@ class _Bucket:
         self.members = [(leaf, _Kind(type(g)), target, dim)
                         for leaf, g, target, dim in self.members]
 
-    def _start_meta(self) -> None:
-        """Shape-only: record the bucket's one reduction; its members' reduced gradients
-        are views of one flat buffer, as in a real run."""
-        fed = sum(rank_bytes(g._layout) for _, g, _, _ in self.members)
-        result = sum(rank_bytes(t) for _, _, t, _ in self.members)
-        first = int(fed if isinstance(fed, int) else np.asarray(fed).reshape(-1)[0])
-        record = boxing._Flat(self.placement, self.axes, self.scatter is not None,
-                              self.dtype, first // self.dtype.itemsize)
-        if any(self.placement.shape[a] > 1 for a in self.axes):
-            total = fed * self.placement.size if isinstance(fed, int) else int(np.sum(fed))
-            debug.record(record, total)  # what the real reduction logs
-        self.pending = MetaBuffer(self.placement, result)
-        self._release()
-
     def finish(self) -> list:
         """Wait for the reduction and give each member its reduced shard:
         ``[(leaf, reduced grad tensor)]``."""
-        if type(self.pending) is MetaBuffer:
-            return [(leaf, grad.cls(target, self.pending))
-                    for leaf, grad, target, _ in self.members]
-        reduced = self.pending.wait()
-        out, offset = [], {r: 0 for r in reduced}
-        for leaf, grad, target, _ in self.members:
-            shards = {}
-            for rank, flat in reduced.items():
-                shape = target.local_shape(rank)
-                n = int(np.prod(shape, dtype=np.int64))
-                shards[rank] = flat[offset[rank]:offset[rank] + n].reshape(shape)
-                offset[rank] += n
-            out.append((leaf, grad.cls(target, shards)))
-        return out
+        views = flat_views(self.pending.wait(), [t for _, _, t, _ in self.members])
+        return [(leaf, grad.cls(target, shards))
+                for (leaf, grad, target, _), shards in zip(self.members, views)]
 
 
 class Synchronizer:
@@ -268,8 +250,7 @@ class Synchronizer:
     def progress(self) -> None:
         """Let started reductions advance (backends that progress only when called)."""
         for bucket in self.started:
-            if type(bucket.pending) is not MetaBuffer:
-                bucket.pending.test()
+            bucket.pending.test()
 
     def finish(self) -> None:
         """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
@@ -291,18 +272,14 @@ def _compact(g):
     """``g``, copied if a shard is a view of a larger buffer (a replicated gradient sliced
     to a split parameter's layout): a gradient lives until the next step and must not keep
     the rest of the buffer alive with it."""
-    if type(g._shards) is not MetaBuffer and any(
-            memory._root(a).nbytes > a.nbytes for a in g._shards.values()):
+    arrays = local_arrays(g)  # (shape-only: no arrays, nothing to compact)
+    if arrays is not None and any(memory._root(a).nbytes > a.nbytes for a in arrays.values()):
         return OPS.clone(g)
     return g
 
 
 def _set_grad(leaf, g) -> None:
-    if type(g._shards) is MetaBuffer:
-        if g is leaf.grad or g._shards is leaf._shards:
-            g = OPS.clone(g)
-    elif g is leaf.grad or any(a is b for a, b in zip(g._shards.values(),
-                                                       leaf._shards.values())):
+    if g is leaf.grad or share_arrays(g._shards, leaf._shards):
         g = OPS.clone(g)
     leaf.grad = g.detach()
     if memory.tracking:

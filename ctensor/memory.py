@@ -27,6 +27,8 @@ import weakref
 
 import numpy as np
 
+from .meta import for_shards
+
 __all__ = ["KINDS", "tracking", "enable", "disable", "track", "tag", "reset_peak", "snapshot",
            "meta_peaks"]
 
@@ -113,9 +115,11 @@ def track(tensor, kind: str | None = None) -> None:
     each rank, the bytes of that rank's own views: what the rank would hold on its own."""
     kind = kind or getattr(type(tensor), "_memory_kind", DEFAULT_KIND)
     shards = tensor._shards
-    if not isinstance(shards, dict):  # a shape-only tensor: one buffer for all ranks
-        _meta.track(shards, kind)
-        return
+    # {rank: array}, or one MetaBuffer for all ranks (shape-only)
+    for_shards(shards, _track_arrays, _meta.track)(shards, kind)
+
+
+def _track_arrays(shards: dict, kind: str) -> None:
     for rank, arr in shards.items():
         root = _root(arr)
         key = id(root)
@@ -150,10 +154,11 @@ def tag(tensor, kind: str) -> None:
     if kind not in KINDS:
         raise ValueError(f"tag_memory: argument 'kind' must be one of {KINDS}, got {kind!r}")
     track(tensor, kind)
-    if not isinstance(tensor._shards, dict):
-        _meta.tag(tensor._shards, kind)
-        return
-    for arr in tensor._shards.values():
+    for_shards(tensor._shards, _tag_arrays, _meta.tag)(tensor._shards, kind)
+
+
+def _tag_arrays(shards: dict, kind: str) -> None:
+    for arr in shards.values():
         entry = _buffers.get(id(_root(arr)))
         if entry is not None:
             _move(entry, kind)

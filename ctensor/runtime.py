@@ -197,6 +197,7 @@ class simulate:
         if not isinstance(meta, bool):
             raise TypeError(f"simulate: argument 'meta' must be True or False, got {meta!r}")
         self.world = World(Mode.SIMULATION, SimulatedCommunicator(int(world_size)), meta)
+        self.meta = meta
         _stack.append(self.world)
 
     def __enter__(self) -> World:
@@ -216,7 +217,7 @@ class simulate:
         _stack.clear()
 
     def __repr__(self) -> str:
-        return f"simulate({self.world.size}{', meta=True' if self.world.meta else ''})"
+        return f"simulate({self.world.size}{', meta=True' if self.meta else ''})"
 
 
 def set_default_dtype(dtype) -> None:

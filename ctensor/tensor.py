@@ -18,7 +18,8 @@ import numpy as np
 from . import autograd, grad_hooks, memory
 from .arrays import is_host, to_host
 from .layout import Layout
-from .meta import MetaBuffer, no_values
+from .errors import MetaModeError
+from .meta import MetaBuffer, describe, held_values, no_values, share_arrays, shared
 from .placement import Placement
 from .registry import OPS
 from .runtime import Mode, world
@@ -169,11 +170,7 @@ class Tensor:
         no rank of the placement tells only a ``detach()`` (or the tensor itself) apart."""
         if not isinstance(other, Tensor) or other._layout is not self._layout:
             return False
-        a, b = self._shards, other._shards
-        if a is b:
-            return True
-        return type(a) is dict and type(b) is dict and bool(a) and a.keys() == b.keys() \
-            and all(a[r] is b[r] for r in a)
+        return share_arrays(self._shards, other._shards, every=True)
 
     def free_(self) -> "Tensor":
         """Drop this process's shards (their memory goes once nothing else holds them),
@@ -187,9 +184,8 @@ class Tensor:
         self._shards = {}
         return self
 
-    def _values(self, fn: str) -> None:
-        if type(self._shards) is MetaBuffer:
-            raise no_values(fn)
+    def _values(self, fn: str) -> dict:
+        return held_values(self._shards, fn)  # shape-only: MetaModeError
 
     def local_shards(self) -> dict:
         """``{rank: array}`` for the ranks of the placement that this process holds."""
@@ -275,10 +271,13 @@ class Tensor:
         """``f"{loss:.4f}"``: a 0-d tensor formats as its Python scalar (collective, like
         :meth:`item`); other tensors take only the empty spec (their ``str``), as PyTorch."""
         if self.ndim == 0:
-            if self.is_meta and not spec:
-                return str(self)
-            self._values("format")  # shape-only: no value to format
-            return format(self.item(), spec)
+            try:
+                value = self.item()
+            except MetaModeError:  # shape-only: no value to format
+                if not spec:
+                    return str(self)
+                raise no_values("format") from None
+            return format(value, spec)
         if spec:
             raise TypeError(f"unsupported format string {spec!r} for a tensor of shape "
                             f"{tuple(self.shape)}; format a 0-d tensor or x.item()")
@@ -299,8 +298,9 @@ class Tensor:
         grad = ", requires_grad=True" if self.requires_grad else ""
         head = (f"tensor(shape={tuple(self.shape)}, dtype={self.dtype}, "
                 f"placement={self.placement!r}, sbp={format_sbp(self.sbp)}{grad}")
-        if type(self._shards) is MetaBuffer:
-            return head + ", meta)"
+        tail = describe(self._shards)
+        if tail:  # shape-only
+            return head + tail + ")"
         if world().mode is not Mode.MPI and self.numel() <= 64 and self._shards:
             try:  # in one process the value is at hand without asking other processes
                 body = np.array2string(self.numpy(), separator=", ", prefix="       ")
@@ -378,8 +378,7 @@ class Tensor:
             raise TypeError(f"set_: argument 'source' must be a ct.Tensor, got "
                             f"{type(source).__name__}")
         self._layout = source._layout
-        self._shards = source._shards if type(source._shards) is MetaBuffer \
-            else dict(source._shards)
+        self._shards = shared(source._shards)
         self._version.value += 1
         if memory.tracking:
             memory.track(self)

@@ -248,10 +248,11 @@ def pipeline_step(stages: Sequence[Stage], inputs: Sequence, loss_fn: Callable,
     if timeline is not None and not isinstance(timeline, Timeline):
         raise TypeError(f"pipeline_step: argument 'timeline' must be an nn.pipeline.Timeline "
                         f"or None, got {type(timeline).__name__}")
-    if timeline is not None and ct.runtime.is_meta():
-        raise ValueError("pipeline_step: argument 'timeline': a shape-only world "
-                         "(ct.simulate(n, meta=True)) computes nothing, so there are no times "
-                         "to record; plan the schedule with ct.plan.replay instead")
+    if timeline is not None:
+        ct.meta.needs_values(ValueError(
+            "pipeline_step: argument 'timeline': a shape-only world (ct.simulate(n, "
+            "meta=True)) computes nothing, so there are no times to record; plan the "
+            "schedule with ct.plan.replay instead"))
     p = _devices(stages, num_model_chunks)
     _check_counts("pipeline_step", p, len(inputs), kind, num_model_chunks)
     order = schedule(p, len(inputs), kind, num_model_chunks)
@@ -270,6 +271,19 @@ def _like(t, placement=None, sbp=None):
     of value: what a rank outside the placement uses for a layout (it allocates nothing)."""
     return ct.zeros(t.shape, dtype=t.dtype, placement=placement or t.placement,
                     sbp=sbp if sbp is not None else t.sbp)
+
+
+@ct.meta.reads_values(default=0)
+def _offset(moved: ct.Tensor) -> int:
+    """The random-number offset a stage's input arrived with (shape-only: 0, no random
+    values to align)."""
+    return int(next(iter(moved.local_shards().values()))[0])
+
+
+@ct.meta.reads_values(default=float("nan"))
+def _loss_value(total: ct.Tensor) -> float:
+    """The step's summed loss (``.item()``: every rank of the world; shape-only: nan)."""
+    return float(total.item())
 
 
 class _Walk:
@@ -323,9 +337,7 @@ class _Walk:
             else:
                 x = moving.wait()
                 if mine:
-                    moved_offset = moving_offset.wait()
-                    if not moved_offset.is_meta:  # (shape-only: no random values to align)
-                        offset = int(next(iter(moved_offset.local_shards().values()))[0])
+                    offset = _offset(moving_offset.wait())
         ready = time.perf_counter()
         if j > 0 and x.dtype.kind in "fc":
             x = x.detach().requires_grad_()
@@ -407,7 +419,7 @@ class _Walk:
         total = self.losses[0]
         for loss in self.losses[1:]:
             total = total + loss
-        value = float("nan") if total.is_meta else float(total.item())
+        value = _loss_value(total)
         if self.recorder is not None:
             self.recorder.finish()
         return value

@@ -57,17 +57,23 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
             total = ct.maximum(total, part) if math.isinf(norm_type) else total + part
         if not math.isinf(norm_type):
             total = total ** (1.0 / norm_type)
-        if error_if_nonfinite and not total.is_meta:  # (shape-only: no values to check)
-            value = float(total.item())
-            if not math.isfinite(value):
-                raise ValueError(f"clip_grad_norm_: the total norm of order {norm_type} of the "
-                                 f"gradients is non-finite ({value}); pass "
-                                 f"error_if_nonfinite=False to clip anyway")
+        if error_if_nonfinite:
+            _check_finite(total, norm_type)
         coef = ct.clamp(max_norm / (total + 1e-6), max=1.0)
         for g in grads:
             scale = coef.to_global(g.placement, (ct.sbp.broadcast,) * g.placement.ndim)
             g.copy_(g * scale.to(g.dtype))
     return total
+
+
+@ct.meta.reads_values()
+def _check_finite(total: ct.Tensor, norm_type: float) -> None:
+    """``clip_grad_norm_(error_if_nonfinite=True)``'s check (shape-only: no values, none)."""
+    value = float(total.item())
+    if not math.isfinite(value):
+        raise ValueError(f"clip_grad_norm_: the total norm of order {norm_type} of the "
+                         f"gradients is non-finite ({value}); pass error_if_nonfinite=False "
+                         f"to clip anyway")
 
 
 def clip_grad_value_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], clip_value: float,

@@ -30,7 +30,7 @@ import numpy as np
 
 import ctensor as ct
 from ctensor.arrays import array_module
-from ctensor.meta import MetaBuffer
+from ctensor.meta import local_arrays
 from ctensor.tensor import Tensor
 
 __all__ = ["plan_groups", "FlatStates", "CHUNK"]
@@ -50,7 +50,7 @@ def plan_groups(optimizer, group: dict, names: tuple) -> tuple:
         if g is None:
             continue
         layout = p._layout
-        if type(p._shards) is MetaBuffer or type(g._shards) is MetaBuffer or \
+        if local_arrays(p) is None or local_arrays(g) is None or \
                 g._layout != layout or optimizer.state_layout(p) != (layout.placement,
                                                                      layout.sbp) or \
                 layout.dtype.kind != "f":
@@ -190,13 +190,13 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     None when it does not apply (another norm, split, partial or shape-only gradients)."""
     layout = grads[0]._layout if grads else None
     if norm_type != 2.0 or layout is None or layout.dtype.kind != "f" or \
-            type(grads[0]._shards) is MetaBuffer or \
+            local_arrays(grads[0]) is None or \
             any(not isinstance(s, ct.sbp.Broadcast) for s in layout.sbp):
         return None
     for g in grads:
         gl = g._layout
         if gl.placement != layout.placement or gl.sbp != layout.sbp or \
-                gl.dtype != layout.dtype or type(g._shards) is MetaBuffer:
+                gl.dtype != layout.dtype or local_arrays(g) is None:
             return None
     dtype = layout.dtype
     totals, coefs = {}, {}

@@ -26,6 +26,13 @@ __all__ = ["GradScaler"]
 _READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
 
 
+@ct.meta.reads_values(default=False)
+def _not_finite_value(total: ct.Tensor) -> bool:
+    """Whether ``total`` is inf or nan (``.item()``: every rank of the world); shape-only:
+    no values, taken as finite (the step runs)."""
+    return not math.isfinite(float(total.item()))
+
+
 class GradScaler:
     """Dynamic loss scaling (PyTorch's API).
 
@@ -117,9 +124,7 @@ class GradScaler:
                 part = (g * 0.0).sum()
             part = part.to(ct.float32).to_global(home, replicated)
             total = part if total is None else total + part
-        if total.is_meta:  # shape-only: no values, taken as finite (the step runs)
-            return False
-        return not math.isfinite(float(total.item()))  # .item(): every rank of the world
+        return _not_finite_value(total)
 
     def step(self, optimizer, *args, **kwargs):
         """``optimizer.step()`` unless a gradient was inf or nan (then the step is skipped

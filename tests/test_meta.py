@@ -115,6 +115,32 @@ def test_uneven_shards_are_classes_of_ranks():
         assert list(ct.meta.rank_bytes(x._layout)) == [16, 12, 12]
 
 
+def test_code_that_reads_values_says_what_it_does_without_them():
+    # ct.meta's seam (nn/ and optim/ use it instead of asking the mode): in a shape-only
+    # world a reader is not called (its default), a guard raises, for_world picks the other
+    calls = []
+
+    @ct.meta.reads_values(default=-1.0)
+    def value(t):
+        calls.append(t)
+        return float(t.item())
+
+    for meta, expected in ((False, 6.0), (True, -1.0)):
+        with ct.simulate(2, meta=meta):
+            x = ct.full((2,), 3.0, placement=ct.placement("cpu", [0, 1]),
+                        sbp=ct.sbp.split(0))
+            assert value(x.sum()) == expected
+            assert ct.meta.for_world(lambda: "values", lambda: "shapes")() == \
+                ("shapes" if meta else "values")
+            assert (ct.meta.local_arrays(x) is None) == meta
+            if meta:
+                with pytest.raises(ValueError, match="needs values"):
+                    ct.meta.needs_values(lambda: ValueError("needs values"))
+            else:
+                ct.meta.needs_values(ValueError("never raised"))
+    assert len(calls) == 1
+
+
 def test_simulate_meta_rejects_a_non_bool():
     with pytest.raises(TypeError, match="meta"):
         ct.simulate(2, meta="yes")

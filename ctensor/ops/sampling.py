@@ -33,9 +33,9 @@ import numpy as np
 
 from .. import _device, random
 from ..layout import Layout
+from ..meta import reads_values
 from ..random import Kind
 from ..registry import OPS
-from ..runtime import world
 from ..sbp import Broadcast, Split, without_partial
 from ..tensor import Tensor
 from ._rules import B, S, defop, sig
@@ -144,8 +144,11 @@ def _check_probabilities(opname: str, p: Tensor) -> None:
     """Every element of the tensor ``p`` in [0, 1] (one reduction; skipped shape-only)."""
     if p.dtype.kind != "f":
         raise TypeError(f"{opname}: a tensor 'p' must have a floating dtype, got {p.dtype}")
-    if world().meta:
-        return
+    _check_probability_values(opname, p)
+
+
+@reads_values()
+def _check_probability_values(opname: str, p: Tensor) -> None:
     with _device.implicit():  # the op's own read, for ct.debug.set_sync_debug_mode
         bad = ((p < 0.0) | (p > 1.0) | (p != p)).sum().item()
     if bad:
@@ -220,6 +223,26 @@ def _multinomial_kernel(xp, p, u, num_samples, replacement):
     return out[0] if p.ndim == 1 else out
 
 
+@reads_values()
+def _check_weights(fn: str, input: Tensor, num_samples: int, replacement: bool) -> None:
+    """Finite, non-negative weights with a positive sum (and enough non-zero ones without
+    replacement) in every row: one reduction, the same answer on every rank (skipped
+    shape-only)."""
+    n = input.shape[-1]
+    bad = ((input < 0.0) | (input != input) | (input.abs() == float("inf"))).sum()
+    rows = input if input.ndim == 2 else OPS.reshape(input, (1, n))
+    short = ((rows > 0.0).sum(-1) < (1 if replacement else num_samples)).sum()
+    bad, short = (int(v) for v in OPS.stack([bad, short]).numpy())
+    if bad:
+        raise ValueError(f"{fn}: the weights must be finite and non-negative; {bad} "
+                         f"elements of 'input' are negative, inf or nan")
+    if short:
+        why = "" if replacement else " (without replacement each sample needs its own " \
+                                     "category)"
+        raise ValueError(f"{fn}: {short} rows of 'input' have fewer than "
+                         f"{1 if replacement else num_samples} positive weights{why}")
+
+
 def _multinomial_meta(layouts, num_samples, replacement):
     p, u = layouts
     return [(p.shape[:-1] + (num_samples,), np.dtype(np.int64))]
@@ -265,21 +288,7 @@ def multinomial(op, input, num_samples: int, replacement: bool = False, *,  # no
         raise ValueError(f"{fn}: argument 'num_samples' is {num_samples} for {n} categories; "
                          f"accepted: {limit}")
     gen = random._generator(fn, generator)
-    if not world().meta:
-        # finite, non-negative weights with a positive sum (and enough non-zero ones
-        # without replacement) in every row: one reduction, the same answer on every rank
-        bad = ((input < 0.0) | (input != input) | (input.abs() == float("inf"))).sum()
-        rows = input if input.ndim == 2 else OPS.reshape(input, (1, n))
-        short = ((rows > 0.0).sum(-1) < (1 if replacement else num_samples)).sum()
-        bad, short = (int(v) for v in OPS.stack([bad, short]).numpy())
-        if bad:
-            raise ValueError(f"{fn}: the weights must be finite and non-negative; {bad} "
-                             f"elements of 'input' are negative, inf or nan")
-        if short:
-            why = "" if replacement else " (without replacement each sample needs its own " \
-                                         "category)"
-            raise ValueError(f"{fn}: {short} rows of 'input' have fewer than "
-                             f"{1 if replacement else num_samples} positive weights{why}")
+    _check_weights(fn, input, num_samples, replacement)
     rows_sbp = tuple(s if isinstance(s, Split) and s.dim == 0 and input.ndim == 2
                      else Broadcast() for s in input.sbp)
     m = input.shape[:-1]

@@ -45,6 +45,7 @@ from .. import _device
 from ..arrays import is_host
 from ..dispatch import as_tensor
 from ..errors import MetaModeError
+from ..meta import needs_values
 from ..registry import OPS
 from ..tensor import Tensor
 from ._checks import check_range
@@ -327,11 +328,11 @@ def _nonzero_kernel(xp, mask, count, flat):
 
 def selected_count(mask: Tensor, opname: str = "nonzero") -> int:
     """The number of True entries of the bool ``mask`` (one ``.item()``: a host sync)."""
-    if mask.is_meta:
-        raise MetaModeError(f"{opname}: the number of selected elements depends on the mask's "
-                            f"values, which a shape-only tensor (ct.simulate(n, meta=True)) "
-                            f"does not hold; plan with a constant mask or index (a NumPy "
-                            f"array or list), or with index_select and a fixed-size index")
+    needs_values(lambda: MetaModeError(
+        f"{opname}: the number of selected elements depends on the mask's values, which a "
+        f"shape-only tensor (ct.simulate(n, meta=True)) does not hold; plan with a constant "
+        f"mask or index (a NumPy array or list), or with index_select and a fixed-size "
+        f"index"))
     with _device.implicit():  # the op's own read, for ct.debug.set_sync_debug_mode
         return int(OPS.sum(mask).item())
 
