@@ -26,3 +26,4 @@ from . import inplace_math  # noqa: F401
 from . import sampling  # noqa: F401
 from . import factory  # noqa: F401
 from . import optimizer  # noqa: F401
+from . import attention  # noqa: F401

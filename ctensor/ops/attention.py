@@ -1,0 +1,232 @@
+"""``attention``: the fused scaled dot-product attention core, ``softmax(q k^T * scale) v``
+over the last two dims of ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S, Ev)``.
+
+One kernel (:mod:`ctensor.ops._flash`: blockwise scores, online softmax) whose second
+output, the log-sum-exp of each query row, is what the backward keeps instead of the
+probabilities: activations O(L·E), never the (L, S) scores. Signatures (1-D; inputs
+q, k, v -> outputs, lse), chosen by cost per mesh axis:
+
+========================== ==============================================================
+ B, B, B -> B, B           every rank the whole attention
+ S(d), S(d), S(d) -> S(d)  a batch or head dim (d < ndim-2): local
+ S(L), B, B -> S(L)        queries split on the sequence, keys and values whole: local, the
+                           causal mask from the shard's offsets (gathering k and v)
+ S(L), S(L), S(L) -> S(L)  the ring (composite, :mod:`ctensor.ops.attention_ring`): each
+                           rank passes its key/value block to the next on the mesh axis
+                           while computing with the current one; the backward is the ring
+                           reversed, the key/value gradients travelling with the blocks
+========================== ==============================================================
+
+Ulysses (the sequence split turned into a head split by all-to-all and back) is the
+S(d), S(d), S(d) rule on the head dim, reached by boxing: the cost model weighs it against
+the ring (overlapped point-to-point transfers, ``cp - 1`` of them) and the gather by
+sequence length, heads and the axis size.
+
+``causal`` masks key positions after the query's (top-left, as PyTorch). ``zigzag=c``: the
+sequence is stored in the zig-zag order of ``c`` ranks (``ct.zigzag_index``): causal masks
+use the true positions, so a sequence split ``c`` ways gives every rank equal work.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .. import cost
+from ..dispatch import as_tensor
+from ..registry import OPS
+from ..sbp import Split
+from ._flash import attend, grad_block, positions
+from .attention_ring import attention as ring_attention
+from ._rules import B, P, S, defop, sig, widen
+
+__all__ = ["attention", "zigzag_index"]
+
+
+def _meta(layouts, causal, scale, zigzag):
+    q, k, v = layouts[:3]
+    fn = "attention"
+    for name, t in (("query", q), ("key", k), ("value", v)):
+        if t.dtype.kind != "f":
+            raise TypeError(f"{fn}: argument '{name}' must be a floating tensor, got "
+                            f"{t.dtype}; convert it with .float()")
+        if t.ndim < 2:
+            raise ValueError(f"{fn}: argument '{name}' needs at least 2 dims (..., L, E), got "
+                             f"shape {tuple(t.shape)}")
+    if not (q.ndim == k.ndim == v.ndim) or q.shape[:-2] != k.shape[:-2] or \
+            k.shape[:-2] != v.shape[:-2] or q.shape[-1] != k.shape[-1] or \
+            k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"{fn}: shapes query {tuple(q.shape)}, key {tuple(k.shape)}, value "
+                         f"{tuple(v.shape)} do not fit; accepted: query (..., L, E), key "
+                         f"(..., S, E), value (..., S, Ev) with the same leading dims "
+                         f"(repeat grouped key/value heads first)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"{fn}: query, key and value must have one dtype, got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}; cast them with .to()")
+    if zigzag and (q.shape[-2] != k.shape[-2] or q.shape[-2] % (2 * zigzag)):
+        raise ValueError(f"{fn}: zigzag={zigzag} needs query and key of one length divisible "
+                         f"by {2 * zigzag} (2 chunks per rank), got {q.shape[-2]} and "
+                         f"{k.shape[-2]}; pad the sequence or pass zigzag=0")
+    return [(q.shape[:-1] + (v.shape[-1],), q.dtype), (q.shape[:-1], q.dtype)]
+
+
+def _seq_pos(ctx, i: int, zigzag: int) -> np.ndarray:
+    """The true positions of input ``i``'s shard along its sequence dim."""
+    a, b = ctx.in_region(i)[-2]
+    return positions(ctx.in_layouts[i].shape[-2], zigzag)[a:b]
+
+
+def _kernel(xp, q, k, v, causal, scale, zigzag, ctx):
+    q, k, v = widen(xp, q, k, v)
+    return attend(xp, q, k, v, _seq_pos(ctx, 0, zigzag), _seq_pos(ctx, 1, zigzag),
+                         causal, scale, q.dtype)
+
+
+def _grad_kernel(xp, g, q, k, v, out, lse, causal, scale, zigzag, ctx):
+    g, q, k, v, out, lse = widen(xp, g, q, k, v, out, lse)
+    dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
+    delta = (g * out).sum(axis=-1)
+    grad_block(xp, q, k, v, g, lse, delta, _seq_pos(ctx, 1, zigzag),
+                      _seq_pos(ctx, 2, zigzag), causal, scale, dq, dk, dv)
+    return dq, dk, dv
+
+
+def _flops(ins, outs, causal, **_):
+    q, k, v = ins[:3]
+    rows = int(np.prod(q[:-1], dtype=np.int64))
+    work = 2.0 * rows * k[-2] * (q[-1] + v[-1]) + 5.0 * rows * k[-2]  # (exp, max, sum)
+    return work / 2 if causal else work
+
+
+def _grad_flops(ins, outs, causal, **_):
+    return 2.5 * _flops(ins[1:4], outs, causal)
+
+
+def _split_all(layouts, axis: int, dim: int) -> bool:
+    return all(isinstance(l.sbp[axis], Split) and l.sbp[axis].dim == dim for l in layouts)
+
+
+def _ring_axis(layouts):
+    """The mesh axis the ring runs on: the first one splitting q, k and v on the
+    sequence (None without one)."""
+    dim = layouts[0].ndim - 2
+    return next((a for a in range(layouts[0].placement.ndim)
+                 if _split_all(layouts[:3], a, dim)), None)
+
+
+def _ring_comm(layouts, axis, causal, **_):
+    """Seconds the ring adds to the charge of one block on this axis (forward and
+    backward): ``n - 1`` more blocks computed, each overlapping the transfer of the next
+    key/value block (``n - 1`` of them; the backward's also carry the gradients)."""
+    q, k, v = layouts[:3]
+    p = q.placement
+    n = p.shape[axis]
+    if n == 1:
+        return 0.0
+    first = p.rank_list[0]
+    block = k.local_nbytes(first) + v.local_nbytes(first)
+    shapes = [l.local_shape(first) for l in (q, k, v)]
+    fwd = cost.compute(p.device, 0.0, _flops(shapes, (), causal))
+    send = cost.collective("send_recv", 2, 2 * block, p.device)
+    send_back = cost.collective("send_recv", 2, 4 * block, p.device)
+    return (n - 1) * (max(fwd, send) + max(0.0, send_back - 2.5 * fwd))
+
+
+def _signatures(layouts, causal, scale, zigzag, mesh_axis=0):
+    q = layouts[0]
+    seq = q.ndim - 2
+    out = (B, B)
+    cands = [sig([B] * 3, out)]
+    cands += [sig([S(d)] * 3, (S(d), S(d))) for d in range(seq)]
+    cands.append(sig([S(seq), B, B], (S(seq), S(seq))))
+    if _ring_axis(layouts) == mesh_axis:
+        cands.append(sig([S(seq)] * 3, (S(seq), S(seq)), composite=True, comm=_ring_comm))
+    return cands
+
+
+def _grad_signatures(layouts, **_):
+    seq = layouts[1].ndim - 2
+    cands = [sig([B] * 6, (B, B, B))]
+    cands += [sig([S(d)] * 6, (S(d),) * 3) for d in range(seq)]
+    cands.append(sig([S(seq), S(seq), B, B, S(seq), S(seq)], (S(seq), P, P)))
+    return cands
+
+
+def _grad_meta(layouts, **_):
+    return [(tuple(l.shape), l.dtype) for l in layouts[1:4]]
+
+
+def _composite(q, k, v, causal, scale, zigzag):
+    """The ring: on its axis q, k, v stay split on the sequence; on the other axes a
+    batch or head split the three share stays, a sequence split of q stays (k and v
+    whole there) and anything else is made whole."""
+    axis = _ring_axis((q._layout, k._layout, v._layout))
+    seq = q.ndim - 2
+    want = [[], [], []]
+    for a, (eq, ek, ev) in enumerate(zip(q.sbp, k.sbp, v.sbp)):
+        if a == axis:
+            entries = (S(seq),) * 3
+        elif isinstance(eq, Split) and eq == ek == ev and eq.dim < seq:
+            entries = (eq,) * 3
+        elif isinstance(eq, Split) and eq.dim == seq:
+            entries = (eq, B, B)
+        else:
+            entries = (B, B, B)
+        for w, e in zip(want, entries):
+            w.append(e)
+    q, k, v = [t if tuple(t.sbp) == tuple(w) else OPS.to_global(t, None, tuple(w))
+               for t, w in zip((q, k, v), want)]
+    return ring_attention(attention.op, q, k, v, axis, causal, scale, zigzag)
+
+
+def _backward(ctx, g, g_lse):
+    if g is None:
+        return None, None, None
+    q, k, v = ctx.inputs
+    out, lse = ctx.outputs
+    return ctx.op.grads["grad"](g, q, k, v, out, lse, **ctx.attrs)
+
+
+@defop(kernel=_kernel, meta=_meta, signatures=_signatures, needs_ctx=True, n_outputs=2,
+       composite=_composite, backward=_backward, flops=_flops, per_axis=True)
+def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: int = 0):
+    """The attention core ``softmax(query @ key^T * scale) @ value`` (``query (..., L,
+    E)``, ``key (..., S, E)``, ``value (..., S, Ev)``, typically (B, H, T, D)), fused:
+    the (L, S) scores are never held whole, the backward recomputes them from the saved
+    log-sum-exp. ``scale`` defaults to ``1/sqrt(E)``; ``causal`` masks key positions after
+    the query's. Batch- or head-split inputs run locally; inputs split on the sequence run
+    as a ring over that mesh axis (or are turned into a head split, or have their keys
+    gathered, as the cost model picks). ``zigzag=c``: the sequence is stored in the
+    zig-zag order of ``c`` ranks (see :func:`zigzag_index`), so that causal work is
+    balanced when it is split ``c`` ways.
+
+    >>> y = ct.attention(q, k, v, causal=True)
+    """
+    q, k, v = as_tensor([query, key, value], "attention")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"attention: argument 'causal' must be True or False, got {causal!r}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if q.ndim and q.shape[-1] else 1.0
+    if isinstance(zigzag, bool) or not isinstance(zigzag, (int, np.integer)) or zigzag < 0:
+        raise ValueError(f"attention: argument 'zigzag' must be an int >= 0 (0: the natural "
+                         f"order), got {zigzag!r}")
+    return op(q, k, v, causal=bool(causal), scale=float(scale), zigzag=int(zigzag))[0]
+
+
+attention.op.grad_kernel("grad", _grad_kernel, meta=_grad_meta, signatures=_grad_signatures,
+                         needs_ctx=True, n_outputs=3, flops=_grad_flops)
+
+
+def zigzag_index(n: int, parts: int) -> np.ndarray:
+    """The zig-zag order of a sequence of ``n`` for ``parts`` ranks (``n`` a multiple of
+    ``2 * parts``): ``x[..., zigzag_index(n, c), :]`` stores the sequence so that the
+    ``i``-th of ``c`` equal parts holds chunks ``i`` and ``2c-1-i`` of ``2c``; causal
+    attention with ``zigzag=c`` then gives every rank of a ``c``-way sequence split the
+    same work. Its inverse is ``np.argsort(zigzag_index(n, c))``.
+
+    >>> idx = ct.zigzag_index(8, 2)          # [0 1 6 7 2 3 4 5]
+    """
+    if n % (2 * parts):
+        raise ValueError(f"zigzag_index: n ({n}) must be a multiple of 2 * parts "
+                         f"({2 * parts})")
+    return positions(n, parts)

@@ -1,0 +1,236 @@
+"""Ring attention: the composite of ``attention`` for q, k, v split on the sequence along
+one mesh axis (context parallelism). Every rank keeps its query block; the key/value
+blocks go round the ring of the axis's ranks.
+
+* forward — step ``s`` of ``n``: rank ``i`` holds the key/value block of rank ``i - s``; it
+  starts sending that block to rank ``i + 1`` (``exchange_start``), folds it into its online
+  softmax state (:func:`ctensor.ops._flash.accumulate`, masked by true positions, fully
+  masked pieces skipped), then waits for the block of rank ``i - s - 1``: ``n - 1``
+  transfers, each overlapping a block's compute. It keeps its output, the log-sum-exp and
+  the last block it held (rank ``i + 1``'s).
+* backward — the ring reversed: rank ``i`` starts with that last block and its gradient
+  accumulators (zeros); at each step it starts passing the block to rank ``i - 1``, adds
+  its contributions to the block's ``dk``/``dv`` and to its own ``dq``, and passes the
+  accumulators on after them: ``n - 1`` transfers of the blocks and ``n - 1`` of their
+  accumulators, which arrive home with the last (every block visits each rank once).
+
+Uneven splits work as every layout does: each block has its rank's region, and the
+positions the causal mask reads come from it. In a shape-only world no kernel runs and
+every transfer is recorded as the real one would be (``ct.plan`` prices the ring).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import autograd, debug, runtime
+from .. import worktrace as _trace
+from ..arrays import array_module, to_host
+from ..comm import context
+from ..comm.base import Message
+from ..executor import new_tensor
+from ..layout import Layout
+from ..registry import OPS
+from ..sbp import Broadcast, Partial, ReduceOp, Split
+from ..tensor import Tensor
+from ._flash import accumulate, finish, grad_block, new_state, positions
+from ._rules import widen
+
+__all__ = []  # (used by ops/attention.py)
+
+
+class _Shift:
+    """One hop of the ring, as a boxing step for the log and traces: every rank of the
+    axis sends its block (laid out as ``layout``'s shard of the rank ``back`` hops behind it
+    on the ring; ``back < 0``: ahead) to its neighbour, ``+1`` (forward) or ``-1``."""
+
+    collective = "send_recv"
+    local = False
+
+    def __init__(self, layout: Layout, axis: int, back: int, direction: int):
+        self.before = self.after = layout
+        self.mesh_axis = axis
+        p = layout.placement
+        self.messages = []
+        for r in p.rank_list:
+            group = p.axis_group(r, axis)
+            i, n = group.index(r), len(group)
+            owner = group[(i - back) % n]
+            shape = layout.local_shape(owner)
+            self.messages.append((Message(r, group[(i + direction) % n], 0, shape,
+                                          layout.dtype), None))
+
+    def run(self, comm, blocks: dict):
+        """Start the hop: returns the started exchange (``wait()``: ``{rank: block}``)."""
+        sends = {}
+        for m, _ in self.messages:
+            if m.src in blocks:
+                a = blocks[m.src]
+                if m.dst not in comm.held_ranks and not getattr(comm, "device_arrays", False):
+                    a = to_host(a)
+                sends[m] = a
+        with debug.boxing_step(self):
+            pending = comm.exchange_start([m for m, _ in self.messages], sends)
+        fed = sum(int(np.prod(m.shape, dtype=np.int64)) * self.before.dtype.itemsize
+                  for m, _ in self.messages if m.src != m.dst
+                  and (m.src in blocks or m.dst in comm.held_ranks))
+        debug.record(self, fed)
+        device = self.before.placement.device
+
+        def wait() -> dict:
+            got = pending.wait()
+            return {m.dst: _device(got[m], device) for m, _ in self.messages if m in got}
+        return wait
+
+    def record(self) -> None:
+        """Shape-only: the hop, recorded, nothing moved."""
+        with debug.boxing_step(self):
+            debug.record(self, sum(int(np.prod(m.shape, dtype=np.int64))
+                                   * self.before.dtype.itemsize
+                                   for m, _ in self.messages if m.src != m.dst))
+
+
+def _device(a, device: str):
+    from ..arrays import to_device
+    return to_device(a, device)
+
+
+def _block_layout(k: Layout, last: int) -> Layout:
+    """``k``'s layout with its last dim ``last`` long (k, v and gradients side by side), in
+    the dtype the kernel computes in (float32 for float16)."""
+    dtype = np.dtype(np.float32) if k.dtype == np.float16 else k.dtype
+    return Layout(k.shape[:-1] + (last,), dtype, k.placement, k.sbp)
+
+
+def _cast(arrays: dict, dtype) -> dict:
+    return {r: a if a.dtype == dtype else a.astype(dtype) for r, a in arrays.items()}
+
+
+def _whole_keys(layout: Layout, axis: int) -> Layout:
+    sbp = list(layout.sbp)
+    sbp[axis] = Broadcast()
+    return layout.with_sbp(sbp)
+
+
+def _positions(layout: Layout, rank: int, zigzag: int) -> np.ndarray:
+    a, b = layout.region(rank)[-2]
+    return positions(layout.shape[-2], zigzag)[a:b]
+
+
+def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, scale: float,
+              zigzag: int):
+    """``(output, lse)`` of the ring along mesh ``axis`` (q, k, v already laid out for it)."""
+    ql, kl, vl = q._layout, k._layout, v._layout
+    e, ev = k.shape[-1], v.shape[-1]
+    out_l = Layout(q.shape[:-1] + (ev,), q.dtype, ql.placement, ql.sbp)
+    lse_l = Layout(q.shape[:-1], q.dtype, ql.placement, ql.sbp)
+    n = ql.placement.shape[axis]
+    block_l = _block_layout(kl, e + ev)
+    attrs = dict(causal=causal, scale=scale, zigzag=zigzag)
+    if _trace.active:  # the work: every query block against every key block
+        _trace.op(opdef, (ql, _whole_keys(kl, axis), _whole_keys(vl, axis)), (out_l, lse_l),
+                  attrs, ("ring", ql, kl, vl, axis))
+    held = {}
+
+    def compute() -> tuple:
+        comm = runtime.world().comm_for(ql.placement.device)
+        xp = array_module(ql.placement.device)
+        qs = {r: widen(xp, a) for r, a in q._shards.items()}
+        blocks = {r: xp.concatenate(widen(xp, k._shards[r], v._shards[r]), axis=-1)
+                  for r in k._shards}
+        states = {r: new_state(xp, qs[r], blocks[r][..., e:], qs[r].dtype)
+                  for r in qs}
+        for s in range(n):
+            wait = _Shift(block_l, axis, s, 1).run(comm, blocks) if s < n - 1 else None
+            for r, state in states.items():
+                group = ql.placement.axis_group(r, axis)
+                owner = group[(group.index(r) - s) % n]
+                b = blocks[r]
+                accumulate(xp, state, qs[r], b[..., :e], b[..., e:],
+                                  _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
+                                  causal, scale)
+            if wait is not None:
+                blocks = wait()
+        done = {r: finish(xp, st) for r, st in states.items()}
+        held["out"] = _cast({r: o for r, (o, _) in done.items()}, q.dtype)
+        held["lse"] = _cast({r: lse for r, (_, lse) in done.items()}, q.dtype)
+        return held["out"]
+
+    context.op_stack.append(opdef.name)
+    try:
+        out = new_tensor(out_l, compute)
+        if not held:  # shape-only: the hops, recorded
+            for s in range(n - 1):
+                _Shift(block_l, axis, s, 1).record()
+        lse = new_tensor(lse_l, lambda: held["lse"])
+    finally:
+        context.op_stack.pop()
+    saved = tuple(t.detach() for t in (q, k, v, out, lse))
+    autograd.record(opdef.name, [q, k, v], [out, lse],
+                    lambda grads: _backward(opdef, grads[0], *saved, axis, attrs))
+    return out, lse
+
+
+def _backward(opdef, g, q, k, v, out, lse, axis, attrs):
+    if g is None:
+        return None, None, None
+    ql, kl, vl = q._layout, k._layout, v._layout
+    if g._layout.sbp != out._layout.sbp:
+        g = OPS.to_global(g, None, out._layout.sbp)
+    causal, scale, zigzag = attrs["causal"], attrs["scale"], attrs["zigzag"]
+    e, ev = kl.shape[-1], vl.shape[-1]
+    n = ql.placement.shape[axis]
+    kv_l, grad_l = _block_layout(kl, e + ev), _block_layout(kl, e + ev)
+    grad_name = opdef.grads["grad"]
+    if _trace.active:
+        gl = g._layout
+        _trace.op(grad_name, (gl, ql, _whole_keys(kl, axis), _whole_keys(vl, axis),
+                              out._layout, lse._layout), (ql, kl, vl), attrs,
+                  ("ring.grad", ql, kl, vl, axis))
+    result = {}
+
+    def compute() -> dict:
+        comm = runtime.world().comm_for(ql.placement.device)
+        xp = array_module(ql.placement.device)
+        gs, qs, os_, ls = ({r: widen(xp, a) for r, a in t._shards.items()}
+                           for t in (g, q, out, lse))
+        delta = {r: (gs[r] * os_[r]).sum(axis=-1) for r in qs}
+        dq = {r: xp.zeros_like(a) for r, a in qs.items()}
+        blocks = {r: xp.concatenate(widen(xp, k._shards[r], v._shards[r]), axis=-1)
+                  for r in k._shards}
+        grads = {r: xp.zeros(b.shape, dtype=qs[r].dtype) for r, b in blocks.items()}
+        for s in range(n):
+            back = -s  # the block rank i holds at step s is rank i + s's
+            kv_wait = _Shift(kv_l, axis, back, -1).run(comm, blocks) if s < n - 1 else None
+            for r in qs:
+                group = ql.placement.axis_group(r, axis)
+                owner = group[(group.index(r) - back) % n]
+                b, d = blocks[r], grads[r]
+                grad_block(xp, qs[r], b[..., :e], b[..., e:], gs[r], ls[r], delta[r],
+                                  _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
+                                  causal, scale, dq[r], d[..., :e], d[..., e:])
+            grad_wait = _Shift(grad_l, axis, back, -1).run(comm, grads)  # the last: home
+            if kv_wait is not None:
+                blocks = kv_wait()
+            grads = grad_wait()
+        # the accumulators are home: rank i holds its own block's after n hops
+        result["dk"] = _cast({r: d[..., :e] for r, d in grads.items()}, kl.dtype)
+        result["dv"] = _cast({r: d[..., e:] for r, d in grads.items()}, vl.dtype)
+        return _cast(dq, ql.dtype)
+
+    context.op_stack.append(grad_name.name)
+    try:
+        dq = new_tensor(ql, compute)
+        if not result:
+            for s in range(n):
+                if s < n - 1:
+                    _Shift(kv_l, axis, -s, -1).record()
+                _Shift(grad_l, axis, -s, -1).record()
+        # an axis splitting q's sequence where k and v are whole: each rank there holds its
+        # queries' part of their gradients (partial sums)
+        part = tuple(Partial(ReduceOp.SUM) if isinstance(eq, Split) and eq.dim == ql.ndim - 2
+                     and a != axis else ek for a, (eq, ek) in enumerate(zip(ql.sbp, kl.sbp)))
+        dk = new_tensor(kl.with_sbp(part), lambda: result["dk"])
+        dv = new_tensor(vl.with_sbp(part), lambda: result["dv"])
+    finally:
+        context.op_stack.pop()
+    return dq, dk, dv

@@ -1,0 +1,202 @@
+"""Context parallelism: ``ct.attention`` with q, k, v split on the sequence (the ring, its
+reversed backward, the zig-zag load balance, Ulysses and the gather as the cost model's
+other choices) equals one rank, forward and backward, in simulation and under mpiexec.
+
+Values against a NumPy reference (float64, 1e-10). Inputs are leaves that require grad,
+so the choice keeps them where they are laid out (the ring) unless a test says otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ctensor as ct
+from conftest import MPI_MODE, mesh_ranks, world
+from ctensor.ops.attention import zigzag_index  # (ct.zigzag_index)
+
+TOL = dict(rtol=1e-10, atol=1e-10)
+
+
+def _reference(q, k, v, g, causal, pos=None):
+    """NumPy attention and its gradients for the output gradient ``g``."""
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    s = q @ k.swapaxes(-1, -2) * scale
+    if causal:
+        pq = np.arange(q.shape[-2]) if pos is None else pos
+        s = np.where(pq[None, :] > pq[:, None], -np.inf, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    out = p @ v
+    dv = p.swapaxes(-1, -2) @ g
+    dp = g @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return out, ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, dv
+
+
+def _arrays(shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape) for _ in range(4)]
+
+
+def _run(placement, sbp, arrays, causal, zigzag=0):
+    q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
+    for t in (q, k, v):
+        t.requires_grad_()
+    with ct.debug.comm_log() as fwd:
+        y = ct.attention(q, k, v, causal=causal, zigzag=zigzag)
+    with ct.debug.comm_log() as bwd:
+        (y * g).sum().backward()
+    return y, (q.grad, k.grad, v.grad), fwd, bwd
+
+
+def _ops(log, collective="send_recv"):
+    return [e.op for e in log if e.collective == collective]
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ring_equals_one_rank(cp, causal):
+    """An uneven sequence split (13 over 2 and 4 ranks): the ring's cp - 1 key/value
+    transfers forward; backward cp - 1 of them back round and cp of the gradient
+    accumulators (the last one home); values and gradients those of one rank."""
+    arrays = _arrays((2, 3, 13, 4))
+    ref = _reference(*arrays, causal)
+    with world(cp):
+        p = ct.placement("cpu", list(range(cp)))
+        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal)
+        assert y.sbp == (ct.sbp.split(2),)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        for got, want in zip(grads, ref[1:]):
+            assert got.sbp == (ct.sbp.split(2),)
+            np.testing.assert_allclose(got.numpy(), want, **TOL)
+    assert fwd.collectives() == ["send_recv"] * (cp - 1)
+    assert _ops(fwd) == ["attention"] * (cp - 1)
+    assert bwd.collectives() == ["send_recv"] * (2 * cp - 1)
+    assert _ops(bwd) == ["attention.grad"] * (2 * cp - 1)
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_zigzag_balances_causal_work(cp):
+    """The sequence stored in zig-zag order (``ct.zigzag_index``) with ``zigzag=cp``: the
+    same attention as the natural order, permuted; every rank computes the same number
+    of (query, key) pairs."""
+    t = 8 * cp
+    arrays = _arrays((1, 2, t, 4), seed=1)
+    idx = zigzag_index(t, cp)
+    ref = _reference(*[a[:, :, idx] for a in arrays], True, pos=idx)
+    natural = _reference(*arrays, True)
+    np.testing.assert_allclose(ref[0], natural[0][:, :, idx], **TOL)
+    with world(cp):
+        p = ct.placement("cpu", list(range(cp)))
+        y, grads, _, _ = _run(p, ct.sbp.split(2), [a[:, :, idx] for a in arrays], True,
+                              zigzag=cp)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        for got, want in zip(grads, ref[1:]):
+            np.testing.assert_allclose(got.numpy(), want, **TOL)
+    # the work per rank: visible (query, key) pairs of its queries against every block
+    part = t // cp
+    work = [int(np.sum(idx[None, :] <= idx[r * part:(r + 1) * part, None]))
+            for r in range(cp)]
+    assert len(set(work)) == 1, work
+
+
+@pytest.mark.parametrize("sbp", [(ct.sbp.split(0), ct.sbp.split(2)),
+                                 (ct.sbp.split(2), ct.sbp.split(1)),
+                                 (ct.sbp.split(2), ct.sbp.split(2))])
+def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
+    """cp on one axis of a 2 x 2 mesh, batch or heads (or the sequence again) on the
+    other."""
+    arrays = _arrays((2, 2, 11, 3), seed=2)
+    ref = _reference(*arrays, True)
+    with world(4):
+        p = ct.placement("cpu", mesh_ranks((2, 2)))
+        y, grads, fwd, _ = _run(p, sbp, arrays, True)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        for got, want in zip(grads, ref[1:]):
+            np.testing.assert_allclose(got.numpy(), want, **TOL)
+    ring_axis = next(a for a, e in enumerate(sbp) if e == ct.sbp.split(2))
+    assert all(e.mesh_axis == ring_axis for e in fwd if e.collective == "send_recv")
+    assert fwd.collectives().count("send_recv") == 1
+
+
+def test_cost_model_picks_ring_ulysses_or_gather():
+    """Activations (not pinned) split on the sequence: short sequences gather, long ones
+    on a CPU run as a ring (the block's compute hides the transfer), many heads on a GPU
+    as Ulysses' all-to-alls (it moves less than the ring for cp > 2)."""
+    def picked(t, heads, device, cp=4):
+        with ct.simulate(cp, meta=True):
+            p = ct.placement(device, list(range(cp)))
+            q, k, v = [ct.randn(1, heads, t, 64, placement=p, sbp=ct.sbp.split(2),
+                                requires_grad=True) * 1.0 for _ in range(3)]
+            with ct.debug.comm_log() as log:
+                ct.attention(q, k, v, causal=True)
+        return sorted(set(log.collectives()))
+
+    assert picked(64, 2, "cpu") == ["all_gather"]
+    assert picked(4096, 32, "cpu") == ["send_recv"]
+    assert picked(4096, 32, "cuda") == ["all_to_all"]
+
+
+def test_ring_memory_at_cp4():
+    """Shape-only, seq 1024: the attention core's activations per rank at CP 4 (forward
+    and backward: output, log-sum-exp, gradients) are at most 0.3x one rank's; the
+    composite that materialises the scores holds far more."""
+    def peak(cp, fused=True):
+        with ct.simulate(cp, meta=True):
+            p = ct.placement("cpu", list(range(cp)))
+            q, k, v = [ct.randn(1, 4, 1024, 16, placement=p, sbp=ct.sbp.split(2),
+                                requires_grad=True) for _ in range(3)]
+            with ct.debug.track_memory():
+                ct.debug.reset_peak_memory()
+                base = ct.debug.memory(0).current_total
+                if fused:
+                    y = ct.attention(q, k, v, causal=True)
+                else:
+                    s = ct.softmax(ct.causal_fill(ct.linear(q, k) * 0.25, float("-inf")), -1)
+                    y = s @ v
+                y.sum().backward()
+                return ct.debug.memory(0).peak["activations"] - base
+    one, ring, composite = peak(1), peak(4), peak(1, fused=False)
+    print(f"activations per rank: one rank {one} B, CP 4 {ring} B ({ring / one:.3f}x), "
+          f"the composite on one rank {composite} B")
+    assert ring <= 0.3 * one, (ring, one)
+    assert one < composite / 4, (one, composite)
+
+
+def test_bad_input_is_refused_before_communicating():
+    with world(2):
+        p = ct.placement("cpu", [0, 1])
+        q = ct.randn(1, 2, 8, 4, placement=p, sbp=ct.sbp.split(2))
+        with pytest.raises(ValueError, match="attention: shapes query"):
+            ct.attention(q, ct.randn(1, 2, 8, 3, placement=p), q)
+        with pytest.raises(ValueError, match="attention: shapes query"):
+            ct.attention(q, q, ct.randn(1, 2, 7, 4, placement=p))
+        with pytest.raises(TypeError, match="one dtype"):
+            ct.attention(q, q, q.to(ct.float64))
+        with pytest.raises(ValueError, match="zigzag=2 needs"):
+            ct.attention(q[:, :, :6], q[:, :, :6], q[:, :, :6], zigzag=2)
+        with pytest.raises(ValueError, match="different placements"):
+            ct.attention(q, ct.randn(1, 2, 8, 4, placement=ct.placement("cpu", [0])), q)
+        with pytest.raises(TypeError, match="causal"):
+            ct.attention(q, q, q, causal="yes")
+
+
+@pytest.mark.skipif(MPI_MODE, reason="one process: torch as the peer")
+def test_sdpa_routes_to_the_fused_core():
+    """F.scaled_dot_product_attention without mask or dropout is ct.attention (GQA's
+    repeated heads too); with dropout it keeps the composite."""
+    from ctensor.nn import functional as F
+    arrays = _arrays((1, 4, 9, 4), seed=3)
+    ref = _reference(*arrays, True)
+    with ct.simulate(2):
+        p = ct.placement("cpu", [0, 1])
+        q, k, v = [ct.tensor(a, placement=p, sbp=ct.sbp.split(2)) for a in arrays[:3]]
+        with ct.debug.comm_log() as log:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        assert {e.op for e in log} <= {"attention"}
+        kv = ct.tensor(arrays[1][:, :2], placement=p, sbp=ct.sbp.split(2))
+        y = F.scaled_dot_product_attention(q, kv, kv, is_causal=True, enable_gqa=True)
+        rep = np.repeat(arrays[1][:, :2], 2, axis=1)
+        want = _reference(arrays[0], rep, rep, arrays[3], True)[0]
+        np.testing.assert_allclose(y.numpy(), want, **TOL)
