@@ -6,13 +6,13 @@ blocks go round the ring of the axis's ranks.
   starts sending that block to rank ``i + 1`` (``exchange_start``), folds it into its online
   softmax state (:func:`ctensor.ops._flash.accumulate`, masked by true positions, fully
   masked pieces skipped), then waits for the block of rank ``i - s - 1``: ``n - 1``
-  transfers, each overlapping a block's compute. It keeps its output, the log-sum-exp and
-  the last block it held (rank ``i + 1``'s).
-* backward — the ring reversed: rank ``i`` starts with that last block and its gradient
-  accumulators (zeros); at each step it starts passing the block to rank ``i - 1``, adds
-  its contributions to the block's ``dk``/``dv`` and to its own ``dq``, and passes the
-  accumulators on after them: ``n - 1`` transfers of the blocks and ``n - 1`` of their
-  accumulators, which arrive home with the last (every block visits each rank once).
+  transfers, each overlapping a block's compute. It keeps q, k, v, its output and the
+  log-sum-exp (O(T/n) per rank; never the scores).
+* backward — the ring reversed: rank ``i`` starts with its own key/value block and zero
+  accumulators for its gradients; at step ``s`` it holds rank ``i + s``'s block, starts
+  passing it to rank ``i - 1``, adds its contributions to the block's ``dk``/``dv`` (and to
+  its own ``dq``), then passes the accumulators on after it: ``n - 1`` transfers of the
+  blocks and ``n`` of the accumulators, the last of which brings each home.
 
 Uneven splits work as every layout does: each block has its rank's region, and the
 positions the causal mask reads come from it. In a shape-only world no kernel runs and
@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import autograd, debug, runtime
 from .. import worktrace as _trace
-from ..arrays import array_module, to_host
+from ..arrays import array_module, to_device, to_host
 from ..comm import context
 from ..comm.base import Message
 from ..executor import new_tensor
@@ -78,7 +78,7 @@ class _Shift:
 
         def wait() -> dict:
             got = pending.wait()
-            return {m.dst: _device(got[m], device) for m, _ in self.messages if m in got}
+            return {m.dst: to_device(got[m], device) for m, _ in self.messages if m in got}
         return wait
 
     def record(self) -> None:
@@ -87,11 +87,6 @@ class _Shift:
             debug.record(self, sum(int(np.prod(m.shape, dtype=np.int64))
                                    * self.before.dtype.itemsize
                                    for m, _ in self.messages if m.src != m.dst))
-
-
-def _device(a, device: str):
-    from ..arrays import to_device
-    return to_device(a, device)
 
 
 def _block_layout(k: Layout, last: int) -> Layout:
