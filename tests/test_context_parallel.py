@@ -200,3 +200,41 @@ def test_sdpa_routes_to_the_fused_core():
         rep = np.repeat(arrays[1][:, :2], 2, axis=1)
         want = _reference(arrays[0], rep, rep, arrays[3], True)[0]
         np.testing.assert_allclose(y.numpy(), want, **TOL)
+
+
+# ----------------------------------------------------------------------------- GPT --cp
+_TINY = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
+         "--global-batch", "4", "--micro-batches", "2", "--steps", "3", "--dtype", "float64",
+         "--no-progress", "--lr", "1e-2"]
+
+
+@pytest.fixture(scope="module")
+def gpt_train():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "gpt" / "train.py"
+    spec = importlib.util.spec_from_file_location("gpt_train_cp", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("dropout", ["0", "0.1"])
+@pytest.mark.parametrize("layout", [("--cp", "2"), ("--dp", "2", "--cp", "2"),
+                                    ("--cp", "2", "--tp", "2")],
+                         ids=["cp2", "dp2xcp2", "cp2xtp2"])
+def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
+    """examples/gpt/train.py --cp: the sequence split on a mesh axis of its own, the
+    parameters broadcast on it (their gradients reduced over it and the data axis): the
+    loss curve of one process (float64; dropout, which keeps the composite attention,
+    draws the same mask)."""
+    size = int(np.prod([int(v) for v in layout[1::2]]))
+    args = _TINY + ["--dropout", dropout] + list(layout)
+    reference = gpt_train.run(_TINY + ["--dropout", dropout, "--simulate", "1"])
+    if MPI_MODE:
+        if ct.world_size() != size:
+            pytest.skip(f"needs exactly {size} ranks")
+        history = gpt_train.run(args)
+    else:
+        history = gpt_train.run(args + ["--simulate", str(size)])
+    np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)

@@ -39,7 +39,7 @@ import math
 from ..dispatch import as_tensor
 from ..registry import OPS
 from ..tensor import Tensor
-from ._rules import B, P, S, broadcast_shapes, defop, norm_dim, sig, widen
+from ._rules import B, P, S, broadcast_shapes, defop, norm_dim, sig, split_along, widen
 from .elementwise import sum_to
 from .reduction import unreduce
 
@@ -163,9 +163,12 @@ def _backward(ctx, g):
         ga = matmul_t(g2, b2, False, not tb) if not ta else matmul_t(b2, g2, tb, True)
         ga = sum_to(ga, a2.shape)
     # dB' = A'^T @ G; if B was transposed, dB = dB'^T = G^T @ A'
-    if b2.ndim == 2 and a2.ndim > 2 and not ta and ctx.needs_grad(1):
+    if b2.ndim == 2 and a2.ndim > 2 and not ta and ctx.needs_grad(1) and \
+            not any(split_along(t._layout, d) for t in (a2, g2) for d in range(1, a2.ndim - 1)):
         # a matrix applied to a batch (a linear layer): contract the batch dims inside one
         # product, (batch*m, k)^T @ (batch*m, n), instead of a batch of products then a sum
+        # (not when an inner batch dim is split, as the sequence under context parallelism:
+        # the flattened dim would not stay split, the batch of products stays local)
         a2 = OPS.reshape(a2, -1, a2.shape[-1])
         g2 = OPS.reshape(g2, -1, g2.shape[-1])
     gb = None
