@@ -22,11 +22,11 @@ round by round so a busy machine slows all alike:
   overlap this machine allows code with no library around it.
 
 Prints per way the median step time (the slowest rank's, per round), the median of the
-per-round ratios after / during (ctensor's and by hand), the share of the reduction's time the overlap hid
-``(after - during) / (after - no reduction)``, and checks bit for bit that both reducing
-ways give the same loss and gradients on every rank (exit 1 if not). One BLAS thread per
-rank. With ``--quick`` (or without mpiexec) it runs simulated on 2 ranks: nothing
-overlaps there, only the bits are checked.
+per-round ratios after / during (ctensor's and by hand), the share of the reduction's time the
+overlap hid ``(after - during) / (after - no reduction)``, and checks bit for bit that both
+reducing ways give the same loss and gradients on every rank (exit 1 if not). One BLAS
+thread per rank. With ``--quick`` (or without mpiexec) it runs simulated on 2 ranks:
+nothing overlaps there, only the bits are checked.
 """
 from __future__ import annotations
 
