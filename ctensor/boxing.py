@@ -97,15 +97,24 @@ def _axis_steps(layout: Layout, axis: int, target: SBP) -> list:
 
 def _same_placement_steps(src: Layout, dst_sbp: tuple) -> list:
     n = len(dst_sbp)
+    steps, layout = [], src
+    # a mesh axis of size 1 holds the whole tensor whatever its entry: changing it is a
+    # relabel, and its split nests nothing (else S(0) -> B there, under a split of dim 0 on
+    # a later axis, would unwind that split: an all-gather for nothing)
+    for a in range(n):
+        if src.placement.shape[a] == 1 and src.sbp[a] != dst_sbp[a]:
+            steps += _axis_steps(layout, a, dst_sbp[a])
+            layout = steps[-1].after
+    src = layout
     changed = [a for a in range(n) if src.sbp[a] != dst_sbp[a]]
-    touched = {a: _dims(src.sbp[a]) | _dims(dst_sbp[a]) for a in range(n)}
+    touched = {a: _dims(src.sbp[a]) | _dims(dst_sbp[a]) if src.placement.shape[a] > 1
+               else set() for a in range(n)}
     # a later axis whose split nests inside a changed axis's dims must be rebuilt too
     for b in range(n):
         if b not in changed and any(a < b and touched[a] & touched[b] for a in changed):
             changed.append(b)
     changed.sort()
     independent = all(not (touched[a] & touched[b]) for a in changed for b in changed if a < b)
-    steps, layout = [], src
     if independent:
         # scatters first (later steps then move less), gathers and reductions last
         def order(a):

@@ -278,3 +278,23 @@ def test_gpt_aux_loss_attached_recompute_and_expert_parallel():
         np.testing.assert_allclose(recomputed[1][name], g, rtol=1e-12, atol=1e-15)
         np.testing.assert_allclose(parallel[1][name], g, rtol=1e-12, atol=1e-15)
     assert np.abs(grads["blocks.0.mlp.router.weight"]).max() > 0
+
+
+def test_a_size_one_mesh_axis_changes_by_relabel():
+    """(1, 2, 2) meshes (train.py's (dp / ep, ep, tp) with dp = ep): S(0) <-> B on the size-1
+    axis under a split of dim 0 on the next one is a relabel, not an unwound split; an MoE
+    layer's backward there runs only its two all-to-alls and the gradient reductions."""
+    x_value, weight = _inputs()
+    with world(4):
+        mesh = ct.placement("cpu", [[[0, 1], [2, 3]]])
+        x = ct.tensor(x_value, placement=mesh, sbp=(S(0), S(0), B))
+        with ct.debug.comm_log() as log:
+            y = x.to_global(sbp=(B, S(0), B))
+        assert log.collectives() == []
+        np.testing.assert_array_equal(y.numpy(), x_value)
+        moe = _model()
+        moe.to_global(mesh, nn.parallel.expert_parallel_rules(moe, 3, ep_axis=1, tp_axis=2))
+        _, _, _, forward, backward = _step(moe, x_value, weight, mesh, (S(0), S(0), B))
+    assert forward.collectives().count("all_to_all") == 2, forward.summary()
+    assert sorted(backward.collectives()) == ["all_reduce"] * 2 + ["all_to_all"] * 2, \
+        backward.summary()
