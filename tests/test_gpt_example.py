@@ -202,3 +202,22 @@ def test_checkpoint_resume_continues_the_curve(train, tmp_path_factory, referenc
     first = train.run(half + sim + ["--save", str(path)])
     rest = train.run(TINY + sim + ["--load", str(path)])
     np.testing.assert_allclose(first + rest, reference, rtol=1e-9)
+
+
+# mixture of experts: the experts split over an expert axis carved out of data parallel
+MOE = ["--moe-experts", "4", "--moe-capacity-factor", "1.0"]
+EXPERT_PARALLEL = ["2x1x1", "4x1x1", "2x2x1", "2x1x2"]  # --ep 2 each: EP, EP x DP, ETP, x PP
+
+
+@pytest.fixture(scope="module")
+def moe_reference(train):
+    return train.run(TINY + MOE + ["--simulate", "1"])
+
+
+@pytest.mark.parametrize("config", EXPERT_PARALLEL)
+def test_expert_parallel_gives_the_loss_curve_of_one_process(train, moe_reference, config):
+    """--moe-experts 4 --ep 2 (tokens dropped at capacity factor 1): the routing groups are
+    the sequences, so the dropped tokens, and the curve, are one process's."""
+    history = _run_config(train, config, TINY + MOE + ["--ep", "2"])
+    np.testing.assert_allclose(history, moe_reference, rtol=1e-9, atol=0)
+    assert history[-1] < history[0]
