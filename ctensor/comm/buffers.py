@@ -9,6 +9,10 @@ A buffer is reusable when nothing but the pool refers to it: every array made fr
 tensor's shard, reshapes and slices of it) keeps a reference to the buffer, so CPython's
 reference count says exactly when the last user is gone. Nothing is freed behind a user's
 back, and the pool holds at most ``max_bytes`` of idle buffers.
+
+Below it, the helpers the MPI collectives use to cut an array into its parts along one dim
+and, where the parts are not consecutive byte ranges, to pack them into one pooled buffer
+(and back) with a single copy.
 """
 from __future__ import annotations
 
@@ -72,3 +76,43 @@ class BufferPool:
     def clear(self) -> None:
         """Forget every pooled buffer (arrays still in use keep theirs alive)."""
         self._buffers.clear()
+
+
+# ------------------------------------------------- parts of an array along one dim
+def parts(arr: np.ndarray, dim: int, sizes) -> list:
+    """The views of ``arr`` cut along ``dim`` into parts of ``sizes``."""
+    views, start = [], 0
+    for n in sizes:
+        idx = [slice(None)] * arr.ndim
+        idx[dim] = slice(start, start + n)
+        views.append(arr[tuple(idx)])
+        start += n
+    return views
+
+
+def flat_along(arr: np.ndarray, dim: int) -> bool:
+    """Whether the parts of ``arr`` cut along ``dim`` are consecutive byte ranges of its
+    memory (C order, and no longer dim before ``dim``): a collective then reads or writes
+    them in place."""
+    return arr.flags.c_contiguous and math.prod(arr.shape[:dim]) == 1
+
+
+def pack(pool: BufferPool, pieces: list, skip: int | None = None) -> np.ndarray:
+    """One pooled byte buffer holding ``pieces`` one after the other, each in its own C
+    layout (part ``skip`` left out): the single copy a strided collective needs."""
+    send = pool.empty(sum(p.nbytes for i, p in enumerate(pieces) if i != skip), np.uint8)
+    pos = 0
+    for i, p in enumerate(pieces):
+        if i != skip:
+            send[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)[...] = p
+            pos += p.nbytes
+    return send
+
+
+def unpack(recv: np.ndarray, pieces: list, skip: int | None = None) -> None:
+    """The inverse of :func:`pack`: copy the consecutive blocks of ``recv`` into ``pieces``."""
+    pos = 0
+    for i, p in enumerate(pieces):
+        if i != skip:
+            p[...] = recv[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)
+            pos += p.nbytes

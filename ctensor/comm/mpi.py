@@ -46,7 +46,7 @@ from .. import timing as _profile
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
-from .buffers import BufferPool
+from .buffers import BufferPool, flat_along, pack, parts, unpack
 from .p2p import NonblockingExchange, dtype_text as _dtype_text
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
@@ -133,45 +133,6 @@ def _prefix(counts):
         displs.append(total)
         total += c
     return displs, total
-
-
-def _parts(arr: np.ndarray, dim: int, sizes) -> list:
-    """The views of ``arr`` cut along ``dim`` into parts of ``sizes``."""
-    views, start = [], 0
-    for n in sizes:
-        idx = [slice(None)] * arr.ndim
-        idx[dim] = slice(start, start + n)
-        views.append(arr[tuple(idx)])
-        start += n
-    return views
-
-
-def _flat_along(arr: np.ndarray, dim: int) -> bool:
-    """Whether the parts of ``arr`` cut along ``dim`` are consecutive byte ranges of its
-    memory (C order, and no longer dim before ``dim``): a collective then reads or writes
-    them in place."""
-    return arr.flags.c_contiguous and math.prod(arr.shape[:dim]) == 1
-
-
-def _pack(pool: BufferPool, parts: list, skip: int | None = None) -> np.ndarray:
-    """One pooled byte buffer holding ``parts`` one after the other, each in its own C
-    layout (part ``skip`` left out): the single copy a strided collective needs."""
-    send = pool.empty(sum(p.nbytes for i, p in enumerate(parts) if i != skip), np.uint8)
-    pos = 0
-    for i, p in enumerate(parts):
-        if i != skip:
-            send[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)[...] = p
-            pos += p.nbytes
-    return send
-
-
-def _unpack(recv: np.ndarray, parts: list, skip: int | None = None) -> None:
-    """The inverse of :func:`_pack`: copy the consecutive blocks of ``recv`` into ``parts``."""
-    pos = 0
-    for i, p in enumerate(parts):
-        if i != skip:
-            p[...] = recv[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)
-            pos += p.nbytes
 
 
 class MPICommunicator(NonblockingExchange, Communicator):
@@ -326,8 +287,9 @@ class MPICommunicator(NonblockingExchange, Communicator):
     def all_gather_start(self, group, bufs, dim, sizes) -> Pending:
         """:meth:`all_gather` as ``Iallgather(v)`` (see :meth:`all_reduce_start`). The
         shard is sent as it lies; the parts land in place in the result when they are
-        consecutive byte ranges of it (a gather along dim 0), else in one pooled buffer
-        that a single copy places."""
+        consecutive byte ranges of it (a gather along dim 0). Otherwise the shard goes to
+        each peer by ``Ialltoallv`` and equal parts are received strided in place through
+        a derived datatype (uneven ones through one pooled buffer and one copy)."""
         buf = self._mine(group, bufs)
         shape = list(buf.shape)
         shape[dim] = sum(sizes)
@@ -341,21 +303,34 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                     guard=(dim, tuple(sizes), buf.dtype.num, rest))
         row = math.prod(rest) * buf.dtype.itemsize
         counts = [n * row for n in sizes]
-        displs, total = _prefix(counts)
-        # (a derived datatype receiving the parts strided in place measured 2.5x slower in
-        # MPICH 5.0 than the contiguous gather and one copy)
-        direct = _flat_along(out, dim)
-        send = _bytes(buf)
-        recv = out.reshape(-1).view(np.uint8) if direct else self._pool.empty(total, np.uint8)
-        comm, BYTE = channel.data, self._MPI.BYTE
-        if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
-            req = comm.Iallgather([send, BYTE], [recv, BYTE])
+        send, comm, BYTE = _bytes(buf), channel.data, self._MPI.BYTE
+        if flat_along(out, dim):  # the parts land in place, one after the other
+            recv = out.reshape(-1).view(np.uint8)
+            if len(set(sizes)) == 1:  # even parts: the plain collective is faster in MPICH
+                req = comm.Iallgather([send, BYTE], [recv, BYTE])
+            else:
+                req = comm.Iallgatherv([send, BYTE], [recv, counts, _prefix(counts)[0], BYTE])
+            return self._started([req], call, channel, lambda send=send: {self.rank: out})
+        # strided parts: the same exchange as an all-to-all of the shard to every peer, so
+        # that this rank's own part is one copy from the shard rather than two through MPI
+        me, k = group.index(self.rank), len(group)
+        pieces = parts(out, dim, sizes)
+        sends = [0 if i == me else send.nbytes for i in range(k)]
+        if len(set(sizes)) == 1 and out.size:  # equal parts: received in place
+            recv = None
+            spec = [out.reshape(-1).view(np.uint8), [int(i != me) for i in range(k)],
+                    list(range(k)), self._part_type(out, dim, sizes[0])]
         else:
-            req = comm.Iallgatherv([send, BYTE], [recv, counts, displs, BYTE])
+            recv_counts = [0 if i == me else c for i, c in enumerate(counts)]
+            displs, total = _prefix(recv_counts)
+            recv = self._pool.empty(total, np.uint8)
+            spec = [recv, recv_counts, displs, BYTE]
+        req = comm.Ialltoallv([send, sends, [0] * k, BYTE], spec)
+        pieces[me][...] = buf
 
-        def result(send=send, recv=recv) -> dict:  # (both alive until the data moved)
-            if not direct:
-                _unpack(recv, _parts(out, dim, sizes))
+        def result(send=send) -> dict:  # (the send buffer alive until the data moved)
+            if recv is not None:
+                unpack(recv, pieces, skip=me)
             return {self.rank: out}
 
         return self._started([req], call, channel, result)
@@ -380,10 +355,10 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                     (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
                                     same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
                                                             buf.dtype.num, buf.shape))
-        if _flat_along(buf, dim):
+        if flat_along(buf, dim):
             send = buf
         else:
-            send = _pack(self._pool, _parts(buf, dim, sizes)).view(buf.dtype)
+            send = pack(self._pool, parts(buf, dim, sizes)).view(buf.dtype)
         row = math.prod(_without(buf.shape, dim))
         comm, mpi_op = channel.data, self._op(op, buf.dtype)
         # always the v variant: MPICH's Ireduce_scatter_block is ~8x slower at 1 MiB
@@ -412,19 +387,19 @@ class MPICommunicator(NonblockingExchange, Communicator):
         shape[split_dim] = split_sizes[me]
         shape[concat_dim] = sum(concat_sizes)
         out = self._pool.empty(tuple(shape), buf.dtype)
-        sends = _parts(buf, split_dim, split_sizes)  # part j goes to member j
-        recvs = _parts(out, concat_dim, concat_sizes)  # part i comes from member i
+        sends = parts(buf, split_dim, split_sizes)  # part j goes to member j
+        recvs = parts(out, concat_dim, concat_sizes)  # part i comes from member i
         send_counts = [0 if j == me else p.nbytes for j, p in enumerate(sends)]
         recv_counts = [0 if i == me else p.nbytes for i, p in enumerate(recvs)]
         BYTE = self._MPI.BYTE
         send_type = recv_type = BYTE
-        if _flat_along(buf, split_dim):
+        if flat_along(buf, split_dim):
             send = buf.reshape(-1).view(np.uint8)
             sdispls, _ = _prefix([p.nbytes for p in sends])
         else:  # (a derived datatype sending in place measured no faster than this copy)
-            send = _pack(self._pool, sends, skip=me)
+            send = pack(self._pool, sends, skip=me)
             sdispls, _ = _prefix(send_counts)
-        flat, even = _flat_along(out, concat_dim), len(set(concat_sizes)) == 1 and out.size
+        flat, even = flat_along(out, concat_dim), len(set(concat_sizes)) == 1 and out.size
         if flat:
             recv = out.reshape(-1).view(np.uint8)
             rdispls, _ = _prefix([p.nbytes for p in recvs])
@@ -441,7 +416,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
         recvs[me][...] = sends[me]
         self._finish([req], call, channel)
         if not (flat or even):
-            _unpack(recv, recvs, skip=me)
+            unpack(recv, recvs, skip=me)
         return {self.rank: out}
 
     def exchange(self, messages: Sequence[Message], sends: Mapping[Message, Any]) -> dict:
