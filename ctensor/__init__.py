@@ -23,6 +23,7 @@ from .creation import (tensor, from_local, zeros, ones, full, arange, zeros_like
 from .random import (manual_seed, seed, initial_seed, Generator, default_generator, rand, randn,
                      randint, rand_like, randn_like, randint_like, randperm)
 from . import ops as _ops  # noqa: F401  (declares every op)
+from .ops.attention import zigzag_index  # the sequence order of balanced causal attention
 from . import linalg  # ct.linalg.norm, vector_norm, matrix_norm (torch.linalg names)
 from . import autograd, debug
 from . import meta, plan  # shape-only tensors; ct.plan: memory, communication, step time

@@ -17,8 +17,9 @@ from .losses import (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, H
                      BCELoss, BCEWithLogitsLoss, KLDivLoss)
 from . import init
 from .transformer import CausalSelfAttention, MLP, Block, GPT
+from .moe import MoE
 from .fsdp import fully_shard, mixed_precision, compute_dtype
-from . import fsdp, parallel, utils
+from . import fsdp, moe, parallel, utils
 
 __all__ = ["functional", "init", "Module", "Parameter", "Linear", "Embedding", "LayerNorm",
            "RMSNorm", "Dropout", "GELU", "ReLU", "Identity", "Sequential", "ModuleList",
@@ -29,5 +30,5 @@ __all__ = ["functional", "init", "Module", "Parameter", "Linear", "Embedding", "
            "BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "CrossEntropyLoss", "NLLLoss",
            "MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "BCELoss", "BCEWithLogitsLoss",
            "KLDivLoss",
-           "CausalSelfAttention", "MLP", "Block", "GPT",
+           "CausalSelfAttention", "MLP", "Block", "GPT", "MoE",
            "parallel", "utils", "fsdp", "fully_shard", "mixed_precision", "compute_dtype"]

@@ -37,7 +37,8 @@ import ctensor.optim as optim  # noqa: E402
 from ctensor.nn.pipeline import schedule  # noqa: E402
 from ctensor.memory import meta_peaks  # noqa: E402
 from train import (PRECISIONS, _at_least, add_memory_options, add_model_options,  # noqa: E402
-                   apply_memory_options, check_pipeline_options, stage_modules)
+                   apply_memory_options, check_pipeline_options, data_sbp, moe_options,
+                   stage_modules)
 
 QUICK = ["--dp", "2", "--tp", "2", "--pp", "2", "--layers", "4", "--hidden", "256",
          "--heads", "8", "--seq-len", "128", "--global-batch", "16", "--micro-batches", "4",
@@ -83,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.hidden % a.heads or a.heads % a.tp:
         problems.append(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}, and "
                         f"--heads of --tp {a.tp} (whole heads per rank)")
+    if a.cp > 1 and (a.sp or a.seq_len < a.cp):
+        problems.append(f"--cp {a.cp} splits the sequence on its own mesh axis: it needs "
+                        f"--seq-len >= --cp (got {a.seq_len}) and no --sp")
     if a.global_batch % (a.micro_batches * a.dp):
         problems.append(f"--global-batch {a.global_batch} must be a multiple of "
                         f"--micro-batches {a.micro_batches} x --dp {a.dp}")
@@ -123,7 +127,7 @@ def build(a) -> list:
     transfers), on a CPU as ``train.py`` sends it."""
     ct.manual_seed(0)
     gpt = nn.GPT(a.vocab, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
-                 tie_weights=False, dtype=np.float32)
+                 tie_weights=False, dtype=np.float32, **moe_options(a))
     kind = placement_kind(a)
     stages = stage_modules(gpt, a, kind, scatter_transfers=kind == "cuda")
     half = PRECISIONS[a.precision] and "float16"  # (bf16: float16's sizes)
@@ -134,6 +138,12 @@ def build(a) -> list:
 def gpt_loss(out, y):
     """The GPT's loss of logits ``out`` against ids ``y`` (as ``train.py``)."""
     return F.cross_entropy(out.flatten(0, -2), y.flatten())
+
+
+def cp_loss(out, y):
+    """:func:`gpt_loss` with --cp (as ``train.py``): the class dim moved, so the sequence
+    split stays (flattening it with the batch would gather the logits)."""
+    return F.cross_entropy(out.transpose(1, 2), y)
 
 
 def one_micro_batch(stages, x, y, loss_fn=gpt_loss) -> tuple:
@@ -179,7 +189,7 @@ def one_micro_batch(stages, x, y, loss_fn=gpt_loss) -> tuple:
 
 def plan(a) -> ct.plan.StepReport:
     """Run one micro-batch and an optimizer step shape-only and price the whole step."""
-    world = a.dp * a.tp * a.pp
+    world = a.dp * a.cp * a.tp * a.pp
     with ct.cost.using(placement_kind(a), a.device):
         return _plan(a, world)
 
@@ -190,14 +200,15 @@ def _plan(a, world: int) -> ct.plan.StepReport:
         params = list({id(p): p for st in stages for p in st.module.parameters()}.values())
         optimizer = optim.AdamW(params, lr=1e-4, weight_decay=0.1)
         micro = a.global_batch // a.micro_batches
-        batch_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
+        batch_sbp = data_sbp(a)
         x = ct.zeros(micro, a.seq_len, dtype=ct.int64, placement=stages[0].placement,
                      sbp=batch_sbp)
         y = ct.zeros(micro, a.seq_len, dtype=ct.int64, placement=stages[-1].placement,
                      sbp=batch_sbp)
         ct.debug.reset_peak_memory()
         total_before = meta_peaks(world)["current_total"]
-        forward, backward, saved = one_micro_batch(stages, x, y)
+        forward, backward, saved = one_micro_batch(stages, x, y,
+                                                   cp_loss if a.cp > 1 else gpt_loss)
         figures = meta_peaks(world)
         # the peak above the start, less the gradients (made during the backward and
         # counted with the parameters' state below)
@@ -229,6 +240,7 @@ def run(argv=None) -> ct.plan.StepReport:
     print(f"GPT {a.dp}x{a.tp}x{a.pp}_{a.global_batch}_{a.hidden}x{a.layers} (heads {a.heads}, "
           f"seq {a.seq_len}, vocab {a.vocab}, recompute {a.recompute or 'none'}, "
           f"{a.precision}{', sequence parallel' if a.sp else ''}"
+          f"{f', context parallel {a.cp}' if a.cp > 1 else ''}"
           f"{f', fsdp {a.fsdp}' if a.fsdp else ''}, {a.schedule}"
           f"{f' x {a.virtual_stages} chunks' if a.virtual_stages > 1 else ''}); planned "
           f"shape-only for {n} ranks in {time.perf_counter() - t0:.1f} s")

@@ -6,7 +6,8 @@ parallelism — and no hand-written communication.
     mpiexec -n 4 python examples/gpt/train.py --tp 2 --pp 2        # tensor x pipeline
     python examples/gpt/train.py --simulate 4 --dp 2 --pp 2        # the same in one process
 
-The world is ``dp * tp * pp`` ranks. Pipeline stage ``s`` owns ranks
+The world is ``dp * cp * tp * pp`` ranks (``--cp``: context parallel, the sequence split on
+a mesh axis of its own between the data and tensor axes). Pipeline stage ``s`` owns ranks
 ``[s*dp*tp, (s+1)*dp*tp)`` as a ``(dp, tp)`` mesh; the stage's blocks are laid out with
 ``nn.parallel`` rules (data parallel on mesh axis 0, Megatron tensor parallel on axis 1),
 activations move between stages with ``to_global`` and ``nn.pipeline`` runs the micro-batches
@@ -67,6 +68,10 @@ def add_model_options(p: argparse.ArgumentParser, **defaults) -> None:
     d = dict(layers=2, hidden=64, heads=4, seq_len=32, global_batch=8, dropout=0.1)
     d.update(defaults)
     p.add_argument("--tp", type=_at_least(1), default=1, help="tensor-parallel size")
+    p.add_argument("--cp", type=_at_least(1), default=1,
+                   help="context-parallel size: a mesh axis splitting the sequence "
+                        "(attention runs as a ring, Ulysses or a gather, as ct.attention's "
+                        "cost model picks; parameters broadcast on it)")
     p.add_argument("--sp", "--sequence-parallel", dest="sp", action="store_true",
                    help="sequence parallel on the tensor-parallel axis (Megatron-SP: the "
                         "residual stream split along the sequence; needs --tp > 1)")
@@ -85,6 +90,14 @@ def add_model_options(p: argparse.ArgumentParser, **defaults) -> None:
     p.add_argument("--seq-len", type=_at_least(1), default=d["seq_len"])
     p.add_argument("--global-batch", type=_at_least(1), default=d["global_batch"])
     p.add_argument("--dropout", type=float, default=d["dropout"])
+    p.add_argument("--moe-experts", type=_at_least(0), default=0,
+                   help="experts of each block's MLP (nn.MoE; 0: dense MLPs)")
+    p.add_argument("--moe-top-k", type=_at_least(1), default=2, help="experts per token")
+    p.add_argument("--moe-capacity-factor", type=_non_negative, default=1.25,
+                   help="slots per expert and sequence: ceil(factor * seq_len * top_k / E)")
+    p.add_argument("--ep", type=_at_least(1), default=1,
+                   help="expert-parallel size, carved out of data parallel (a divisor of "
+                        "--dp): the experts split S(0) over it, the batch split on it too")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -184,19 +197,45 @@ class StageModule(nn.Module):
 def build(a):
     """The model split into pipeline stages, each laid out on its own (dp, tp) mesh."""
     if a.dp is None:  # every rank the tensor and pipeline sizes leave over does data parallel
-        if ct.world_size() % (a.tp * a.pp):
+        if ct.world_size() % (a.tp * a.cp * a.pp):
             raise SystemExit(f"train.py: the world of {ct.world_size()} ranks is not a multiple "
-                             f"of --tp {a.tp} x --pp {a.pp}")
-        a.dp = ct.world_size() // (a.tp * a.pp)
-    world = a.dp * a.tp * a.pp
+                             f"of --cp {a.cp} x --tp {a.tp} x --pp {a.pp}")
+        a.dp = ct.world_size() // (a.tp * a.cp * a.pp)
+    world = a.dp * a.cp * a.tp * a.pp
     if ct.world_size() != world:
-        raise SystemExit(f"train.py: --dp {a.dp} x --tp {a.tp} x --pp {a.pp} = {world} ranks, "
+        raise SystemExit(f"train.py: --dp {a.dp} x --cp {a.cp} x --tp {a.tp} x --pp {a.pp} = "
+                         f"{world} ranks, "
                          f"but the world has {ct.world_size()}")
     check_pipeline_options(a)
     ct.manual_seed(a.seed)
     gpt = nn.GPT(VOCAB_SIZE, a.seq_len, a.layers, a.heads, a.hidden, dropout=a.dropout,
-                 tie_weights=False, dtype=np.dtype(a.dtype))  # untied: the head may sit on
+                 tie_weights=False, dtype=np.dtype(a.dtype),  # untied: the head may sit on
+                 **moe_options(a))
     return gpt, stage_modules(gpt, a, a.device)              # another stage
+
+
+def moe_options(a) -> dict:
+    """``nn.GPT``'s mixture-of-experts arguments from --moe-experts/--moe-top-k/..."""
+    return dict(moe_experts=a.moe_experts, moe_top_k=a.moe_top_k,
+                moe_capacity_factor=a.moe_capacity_factor)
+
+
+def stage_mesh_shape(a) -> tuple:
+    """A stage's mesh: ``(dp, tp)``, or ``(dp / ep, ep, tp)`` with 1 < --ep < --dp (the
+    expert axis carved out of data parallel; the batch split over both data axes). With
+    --ep = --dp the data axis is the expert axis (no axis of size 1). With --cp > 1 a
+    context-parallel axis of that size comes before the tensor axis."""
+    data = (a.dp // a.ep, a.ep) if 1 < a.ep < a.dp else (a.dp,)
+    return data + ((a.cp,) if a.cp > 1 else ()) + (a.tp,)
+
+
+def data_sbp(a, sequence_split: bool = False) -> tuple:
+    """The batch's layout on a stage mesh: split on every data axis, and on the tensor
+    axis broadcast (or split along the sequence); on the context-parallel axis split along
+    the sequence."""
+    cp = (ct.sbp.split(1),) if a.cp > 1 else ()
+    data = (ct.sbp.split(0),) * (len(stage_mesh_shape(a)) - 1 - len(cp))
+    return data + cp + (ct.sbp.split(1) if sequence_split else ct.sbp.broadcast,)
 
 
 def stage_modules(gpt: nn.GPT, a, device: str, scatter_transfers: bool = False) -> list:
@@ -211,20 +250,26 @@ def stage_modules(gpt: nn.GPT, a, device: str, scatter_transfers: bool = False) 
     stages = []
     for s in range(n_stages):
         d = s % a.pp
-        ranks = np.arange(d * a.dp * a.tp, (d + 1) * a.dp * a.tp).reshape(a.dp, a.tp)
+        shape = stage_mesh_shape(a)
+        size = a.dp * a.cp * a.tp  # the ranks of one pipeline device
+        ranks = np.arange(d * size, (d + 1) * size).reshape(shape)
         mesh = ct.placement(device, ranks.tolist())
         module = StageModule(gpt, bounds[s], bounds[s + 1], s == 0, s == n_stages - 1)
-        rules = nn.parallel.hybrid_parallel_rules(module, 2, tp_axis=1)
+        tp_axis = len(shape) - 1
+        rules = nn.parallel.hybrid_parallel_rules(module, len(shape), tp_axis=tp_axis)
         for name in ("wte.weight", "lm_head.weight"):  # vocabulary parallel
             if name in rules:
-                rules[name] = (ct.sbp.broadcast, ct.sbp.split(0))
+                rules[name] = (ct.sbp.broadcast,) * tp_axis + (ct.sbp.split(0),)
+        if a.ep > 1:  # experts S(0) on the expert axis (and ETP on the tensor axis)
+            rules.update(nn.parallel.expert_parallel_rules(
+                module, len(shape), ep_axis=len(shape) - 2 - (a.cp > 1),
+                tp_axis=tp_axis if a.tp > 1 else None))
         module.to_global(mesh, rules)
-        input_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
-        if (a.sp or scatter_transfers) and s > 0:  # the residual stream sequence-split
-            input_sbp = (ct.sbp.split(0), ct.sbp.split(1))
+        # (after the first stage the residual stream arrives sequence-split)
+        input_sbp = data_sbp(a, (a.sp or scatter_transfers) and s > 0)
         stages.append(Stage(module, mesh, input_sbp=input_sbp))
     if a.sp and a.tp > 1:  # the residual stream split along the sequence on the tp axis
-        nn.parallel.sequence_parallel(gpt, tp_axis=1)
+        nn.parallel.sequence_parallel(gpt, tp_axis=len(stage_mesh_shape(a)) - 1)
     return stages
 
 
@@ -236,6 +281,8 @@ def main(a) -> list:
     n_params = sum(p.numel() for p in params)
     formula = parameter_count(a.hidden, a.layers, VOCAB_SIZE, a.seq_len)
     untied_extra = 0 if gpt.tie_weights else VOCAB_SIZE * a.hidden
+    h, experts = a.hidden, a.moe_experts  # an MoE block: E experts (8h^2) and a router (Eh)
+    moe_extra = len(gpt.moe_layers()) * ((experts - 1) * 8 * h * h + experts * h - 5 * h)
     optimizer = optim.AdamW(params, lr=a.lr, weight_decay=0.1)
     # total > warm-up: a run shorter than the warm-up never leaves it (so a resumed run
     # and one straight run see the same learning rates)
@@ -249,13 +296,15 @@ def main(a) -> list:
         raise SystemExit("train.py: --global-batch must be a multiple of --micro-batches")
     micro = a.global_batch // a.micro_batches
     first, last = stages[0].placement, stages[-1].placement
-    batch_sbp = (ct.sbp.split(0), ct.sbp.broadcast)
+    batch_sbp = data_sbp(a)
     rank0 = ct.rank() == 0
     if rank0:
         print(f"config {config_name(a)}: {n_params:,} parameters; formula 12lh^2(1+13/(12h)+"
               f"(V+s)/(12lh)) = {formula:,}; difference {n_params - formula:,} = final "
               f"LayerNorm 2h = {2 * a.hidden}"
-              + (f" + untied head Vh = {untied_extra}" if untied_extra else ""))
+              + (f" + untied head Vh = {untied_extra}" if untied_extra else "")
+              + (f" + experts (E-1)8h^2+Eh-5h per MoE block = {moe_extra:,}" if moe_extra
+                 else ""))
         print(f"corpus: {len(corpus):,} bytes of Python documentation; world {ct.world_size()} "
               f"({'simulated' if a.simulate else ct.runtime.world().mode.value})")
     bar = None
@@ -267,8 +316,10 @@ def main(a) -> list:
             bar = None
     log_file = open(a.log_json, "w") if (a.log_json and rank0) else None
     history = []
-    loss_fn = memory.loss_fn(
-        lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten()))
+    loss_fn = memory.loss_fn(  # (--cp: the class dim moved, not (batch, seq) flattened,
+        (lambda logits, y: F.cross_entropy(logits.transpose(1, 2), y)) if a.cp > 1 else
+        (lambda logits, y: F.cross_entropy(logits.flatten(0, -2), y.flatten())))  # so the
+    # sequence split stays: flattening it with the batch would gather the logits)
     t_start = time.perf_counter()
     prof = ct.debug.profile() if a.profile else None
     for step in range(start_step, a.steps):
@@ -328,6 +379,12 @@ def main(a) -> list:
     checkpoints.final(a.steps, lambda: training_state(
         gpt, optimizer, scheduler, memory, rng, a.steps))
     memory.print_report(rank0)
+    if a.moe_experts and a.pp == 1:  # (reading the counts is a collective of the stage)
+        for i, moe in enumerate(gpt.moe_layers()):
+            st = moe.stats
+            if rank0:
+                print(f"MoE block {i}, last step: drop rate {st['drop_rate']:.3f}, tokens "
+                      f"per expert {st['tokens_per_expert'].tolist()}")
     if rank0 and history:
         steps_run = len(history)
         print(f"done {config_name(a)}: {steps_run} steps, loss {history[0]:.4f} -> "
@@ -371,6 +428,16 @@ def check_pipeline_options(a, prog: str = "train.py") -> None:
     if a.sp and a.tp < 2:
         raise SystemExit(f"{prog}: --sp splits the sequence over the tensor-parallel ranks "
                          f"and needs --tp > 1 (got --tp {a.tp})")
+    if a.cp > 1 and (a.sp or a.seq_len < a.cp):
+        raise SystemExit(f"{prog}: --cp {a.cp} splits the sequence over its own mesh axis: "
+                         f"it needs --seq-len >= --cp (got {a.seq_len}) and no --sp")
+    if a.moe_experts and a.moe_top_k > a.moe_experts:
+        raise SystemExit(f"{prog}: --moe-top-k {a.moe_top_k} > --moe-experts "
+                         f"{a.moe_experts}: a token picks among the experts there are")
+    if a.ep > 1 and (not a.moe_experts or a.moe_experts % a.ep or a.dp % a.ep):
+        raise SystemExit(f"{prog}: --ep {a.ep} splits the experts over part of the "
+                         f"data-parallel ranks: it needs --moe-experts a multiple of it (got "
+                         f"{a.moe_experts}) and a --dp it divides (got {a.dp})")
     v = a.virtual_stages
     if v > 1 and a.schedule != "interleaved":
         raise SystemExit(f"{prog}: --virtual-stages {v} needs --schedule interleaved "
