@@ -29,6 +29,18 @@ __all__ = ["embedding", "index_add", "check_int"]
 
 def index_add(xp, out, index, values):
     """``out[index[i]] += values[i]`` with repeated indices accumulating."""
+    if xp is np and isinstance(index, tuple) and len(index) == out.ndim > 1 and \
+            out.flags.c_contiguous:
+        # every coordinate given: one 1-D add.at on flat positions, NumPy's fast path
+        # (the generic tuple path is ~2x slower); the same additions in the same order
+        try:
+            flat = np.ravel_multi_index(index, out.shape)
+        except ValueError:  # (a negative or wrapped coordinate: the generic path)
+            flat = None
+        if flat is not None:
+            np.add.at(out.reshape(-1), flat.reshape(-1),
+                      np.broadcast_to(values, flat.shape).reshape(-1))
+            return out
     if xp is np or hasattr(xp.add, "at"):
         xp.add.at(out, index, values)
     else:  # older CuPy
