@@ -45,11 +45,18 @@ def runs(pos: np.ndarray) -> list:
     return [(a, b, int(pos[a])) for a, b in zip(starts, stops)]
 
 
+def _blocks(pieces: list) -> list:
+    """Runs cut into blocks of at most ``_BLOCK`` rows (so a causal mask skips whole
+    (query block, key chunk) pairs above the diagonal)."""
+    return [(a, min(b, a + _BLOCK), p0 + a - start) for start, b, p0 in pieces
+            for a in range(start, b, _BLOCK)]
+
+
 def _pairs(qpos, kpos, causal: bool):
     """``(q slice, k slice, mask or None)`` of every (query run, key chunk) pair with
     something to compute."""
-    for qa, qb, q0 in runs(qpos):
-        q1 = q0 + (qb - qa) - 1  # the run's last position
+    for qa, qb, q0 in _blocks(runs(qpos)):
+        q1 = q0 + (qb - qa) - 1  # the block's last position
         for ka, kb, k0 in runs(kpos):
             for ca in range(ka, kb, _BLOCK):
                 cb = min(kb, ca + _BLOCK)

@@ -1,0 +1,332 @@
+"""Context-parallel attention step: ctensor's ring vs one rank vs the ring by hand.
+
+    mpiexec -n 2 python benchmarks/context_parallel.py [--seq 4096] [--quick]
+
+The step is causal attention ``softmax(q k^T / sqrt(D)) v`` of q, k, v (B, H, T, D) and its
+backward for an output gradient ``g``. It runs, interleaved in one job so a busy machine
+slows all alike:
+
+* **ctensor, CP n**: ``ct.attention`` on q, k, v split ``S(2)`` (the sequence) over the n
+  ranks: the ring (``ctensor/ops/attention_ring.py``), backward the ring reversed;
+* **ctensor, one rank**: the same op on a placement of rank 0 alone (the others idle);
+* **ctensor, CP n, zig-zag order**: the sequence stored in ``ct.zigzag_index`` order and
+  ``zigzag=n``, so every rank does the same causal work (the natural order leaves rank 0
+  one block and rank n-1 n blocks);
+* **the ring by hand**: the same algorithm in NumPy + mpi4py — each rank's query block,
+  the key/value blocks passed to the next rank with ``Isend``/``Irecv`` (waited for
+  without spinning, as ctensor's communicator waits) while the current
+  one is folded into an online softmax (keys in chunks of 512, fully masked blocks
+  skipped), the backward passing the blocks back with their dk/dv accumulators, which
+  come home on the last hop.
+
+All three are checked against a float64 NumPy computation of the whole attention first.
+It prints the median step time of the slowest rank, CP n's speed-up over one rank, the
+ratio ctensor / hand-written (target <= 1.2x), and the peak bytes per rank a step holds
+above its inputs (``ct.debug.track_memory``) of CP n against one rank. One BLAS thread per rank.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from typing import Optional
+
+import harness
+
+harness.one_blas_thread()  # before NumPy starts its BLAS threads
+
+import numpy as np  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+
+import ctensor as ct  # noqa: E402
+from ctensor.ops.attention import zigzag_index  # noqa: E402  (ct.zigzag_index)
+from harness import add_quick, positive_int, settle  # noqa: E402
+
+TARGET = 1.2  # ctensor's CP step / the hand-written ring's
+CHUNK = 512
+
+
+def part(n: int, parts: int, i: int) -> slice:
+    """Part ``i`` of ``n`` over ``parts`` ranks by ctensor's uneven-split rule."""
+    size = n // parts
+    start = i * size + min(i, n % parts)
+    return slice(start, start + size + (1 if i < n % parts else 0))
+
+
+def wait(requests) -> None:
+    """Wait for MPI ``requests`` as ctensor's communicator waits: test continuously (MPI
+    progresses a large transfer only inside its calls) but yield the core between tests for
+    up to a second, then sleep up to 1 ms: on a machine with fewer cores than ranks a
+    spinning ``Waitall`` takes the core its peer computes on."""
+    start = time.perf_counter()
+    while not MPI.Request.Testall(requests):
+        if time.perf_counter() - start < 1.0:
+            os.sched_yield()
+        else:
+            time.sleep(1e-3)
+
+
+def barrier(comm) -> None:
+    wait([comm.Ibarrier()])
+
+
+# ----------------------------------------------------------------------------- by hand
+class ByHand:
+    """The ring in NumPy + mpi4py: rank r holds rows ``part(T, n, r)`` of q, k, v, g."""
+
+    def __init__(self, q, k, v, g, comm, total: int):
+        self.q, self.k, self.v, self.g, self.comm = q, k, v, g, comm
+        self.scale = float(1.0 / np.sqrt(q.shape[-1]))  # (a Python float: a NumPy float64
+        # scalar would promote float32 arrays)
+        self.rows = [part(total, comm.size, i) for i in range(comm.size)]
+
+    def _chunks(self, r: int, owner: int):
+        """(query block, key chunk, mask or None) of block ``owner`` seen by rank ``r``'s
+        rows, in blocks of 512 (causal, natural order: pairs above the diagonal skipped)."""
+        q0, nq = self.rows[r].start, self.rows[r].stop - self.rows[r].start
+        k0, nk = self.rows[owner].start, self.rows[owner].stop - self.rows[owner].start
+        for qa in range(0, nq, CHUNK):
+            qb = min(nq, qa + CHUNK)
+            for a in range(0, nk, CHUNK):
+                b = min(nk, a + CHUNK)
+                if k0 + a > q0 + qb - 1:
+                    continue
+                mask = None
+                if k0 + b - 1 > q0 + qa:
+                    mask = (k0 + np.arange(a, b))[None, :] > (q0 + np.arange(qa, qb))[:, None]
+                yield slice(qa, qb), slice(a, b), mask
+
+    def forward(self):
+        comm, n, r = self.comm, self.comm.size, self.comm.rank
+        q, scale = self.q, self.scale
+        e = self.k.shape[-1]
+        kv = np.concatenate([self.k, self.v], axis=-1)
+        m = np.full(q.shape[:-1], -np.inf, dtype=q.dtype)
+        s_ = np.zeros(q.shape[:-1], dtype=q.dtype)
+        acc = np.zeros(q.shape[:-1] + (self.v.shape[-1],), dtype=q.dtype)
+        for s in range(n):
+            owner = (r - s) % n
+            reqs = []
+            if s < n - 1:
+                nxt = (owner - 1) % n
+                recv = np.empty(kv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
+                                                 kv.shape[-1]), kv.dtype)
+                reqs = [comm.Isend(kv, dest=(r + 1) % n), comm.Irecv(recv, source=(r - 1) % n)]
+            for qs, ks, mask in self._chunks(r, owner):
+                sc = q[..., qs, :] @ kv[..., ks, :e].swapaxes(-1, -2) * scale
+                if mask is not None:
+                    sc = np.where(mask, -np.inf, sc)
+                m_new = np.maximum(m[..., qs], sc.max(-1))
+                safe = np.where(np.isneginf(m_new), 0.0, m_new)
+                p = np.exp(sc - safe[..., None])
+                alpha = np.exp(m[..., qs] - safe)
+                s_[..., qs] = s_[..., qs] * alpha + p.sum(-1)
+                acc[..., qs, :] = acc[..., qs, :] * alpha[..., None] + p @ kv[..., ks, e:]
+                m[..., qs] = m_new
+            if reqs:
+                wait(reqs)
+                kv = recv
+        self.out = (acc / s_[..., None]).astype(q.dtype)
+        self.lse = (m + np.log(s_)).astype(q.dtype)
+        return self.out
+
+    def backward(self):
+        comm, n, r = self.comm, self.comm.size, self.comm.rank
+        q, g, scale = self.q, self.g, self.scale
+        e = self.k.shape[-1]
+        delta = (g * self.out).sum(-1)
+        lse = self.lse
+        dq = np.zeros_like(q)
+        kv = np.concatenate([self.k, self.v], axis=-1)
+        dkv = np.zeros_like(kv)
+        for s in range(n):
+            owner = (r + s) % n  # the blocks travel back: rank r holds rank r + s's
+            reqs = []
+            if s < n - 1:
+                nxt = (owner + 1) % n
+                recv = np.empty(kv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
+                                                 kv.shape[-1]), kv.dtype)
+                reqs = [comm.Isend(kv, dest=(r - 1) % n), comm.Irecv(recv, source=(r + 1) % n)]
+            for qs, ks, mask in self._chunks(r, owner):
+                kk, vv, qq, gg = kv[..., ks, :e], kv[..., ks, e:], q[..., qs, :], g[..., qs, :]
+                sc = qq @ kk.swapaxes(-1, -2) * scale
+                if mask is not None:
+                    sc = np.where(mask, -np.inf, sc)
+                p = np.exp(sc - lse[..., qs, None])
+                dkv[..., ks, e:] += p.swapaxes(-1, -2) @ gg
+                ds = p * (gg @ vv.swapaxes(-1, -2) - delta[..., qs, None])
+                dq[..., qs, :] += ds @ kk * scale
+                dkv[..., ks, :e] += ds.swapaxes(-1, -2) @ qq * scale
+            # the accumulators follow the block (the last hop brings them home)
+            nxt = (owner + 1) % n
+            got = np.empty(dkv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
+                                             dkv.shape[-1]), dkv.dtype)
+            greqs = [comm.Isend(dkv, dest=(r - 1) % n), comm.Irecv(got, source=(r + 1) % n)]
+            if reqs:
+                wait(reqs)
+                kv = recv
+            wait(greqs)
+            dkv = got
+        return dq, dkv[..., :e], dkv[..., e:]
+
+    def step(self):
+        self.forward()
+        return self.backward()
+
+
+# ----------------------------------------------------------------------------- ctensor
+class Ctensor:
+    """``ct.attention`` on q, k, v laid out ``sbp`` on ``placement`` (leaves: the layout
+    stays, so the ring runs on a split one)."""
+
+    def __init__(self, q, k, v, g, placement, sbp, zigzag: int = 0):
+        self.zigzag = zigzag
+        self.inputs = [ct.tensor(a, placement=placement, sbp=sbp, requires_grad=True)
+                       for a in (q, k, v)]
+        self.g = ct.tensor(g, placement=placement, sbp=sbp)
+
+    def step(self):
+        for t in self.inputs:
+            t.grad = None
+        y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag)
+        y.backward(self.g)
+        return y
+
+    def peak_activations(self) -> int:
+        """Peak bytes on this process's rank over one step above what it held before (the
+        inputs): the output, the log-sum-exp, the gradients and everything in between."""
+        for t in self.inputs:  # (the last step's gradients freed before the count starts)
+            t.grad = None
+        with ct.debug.track_memory():
+            ct.debug.reset_peak_memory()
+            me = ct.rank()
+            base = ct.debug.memory(me).current_total
+            self.step()
+            return ct.debug.memory(me).peak_total - base
+
+
+def reference(q, k, v, g):
+    d = q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), g.astype(np.float64)
+    q, k, v, g = d
+    scale = 1.0 / np.sqrt(q.shape[-1])
+    t = q.shape[-2]
+    s = np.where(np.arange(t)[None, :] > np.arange(t)[:, None], -np.inf,
+                 q @ k.swapaxes(-1, -2) * scale)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = g @ v.swapaxes(-1, -2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    return p @ v, ds @ k * scale, ds.swapaxes(-1, -2) @ q * scale, p.swapaxes(-1, -2) @ g
+
+
+def _close(name, got, want, rtol):
+    err = float(np.max(np.abs(got - want)) / max(1e-30, np.max(np.abs(want))))
+    if err > rtol:
+        raise SystemExit(f"context_parallel: {name} differs from NumPy (relative {err:.1e})")
+    return err
+
+
+def timed(steps: dict, repeats: int, comm) -> dict:
+    """Median seconds per step of each (slowest rank), interleaved round by round."""
+    times: dict = {name: [] for name in steps}
+    for fn in steps.values():
+        fn()
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            barrier(comm)
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
+
+
+def main(argv: Optional[list] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq", type=positive_int, help="T (default 4096)")
+    parser.add_argument("--heads", type=positive_int, help="H (default 4)")
+    parser.add_argument("--head-dim", type=positive_int, help="D (default 64)")
+    parser.add_argument("--batch", type=positive_int, default=1, help="B (default 1)")
+    parser.add_argument("--repeats", type=positive_int, help="timed steps each (default 3)")
+    parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+    add_quick(parser)
+    args = settle(parser.parse_args(argv), dict(seq=4096, heads=4, head_dim=64, repeats=3),
+                  dict(seq=256, heads=2, head_dim=16, repeats=1))
+    comm = MPI.COMM_WORLD
+    if ct.world_size() != comm.size:
+        raise SystemExit("context_parallel: ctensor's world is not MPI's; run it under mpiexec")
+    n, r = comm.size, comm.rank
+    dtype = np.dtype(args.dtype)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    rng = np.random.default_rng(0)
+    q, k, v, g = [rng.standard_normal(shape).astype(dtype) for _ in range(4)]
+    want = reference(q, k, v, g)
+    rtol = 1e-4 if dtype == np.float32 else 1e-10
+    mine = part(args.seq, n, r)
+
+    world = ct.placement("cpu", list(range(n)))
+    cp = Ctensor(q, k, v, g, world, ct.sbp.split(2))
+    one = Ctensor(q, k, v, g, ct.placement("cpu", [0]), ct.sbp.broadcast)
+    zz = None
+    if args.seq % (2 * n) == 0:  # the sequence stored zig-zag: balanced causal work
+        idx = zigzag_index(args.seq, n)
+        zz = Ctensor(*(a[:, :, idx] for a in (q, k, v, g)), world, ct.sbp.split(2), zigzag=n)
+    hand = ByHand(*(np.ascontiguousarray(a[:, :, mine]) for a in (q, k, v, g)), comm, args.seq)
+    # (memory first, before any step: ct.debug.track_memory counts a step run afresh)
+    mem_cp = comm.allreduce(cp.peak_activations(), op=MPI.MAX)
+    mem_one = comm.bcast(one.peak_activations(), root=0)  # (rank 0 holds it)
+    errors = {}
+    y = cp.step()
+    got = [y.numpy()] + [t.grad.numpy() for t in cp.inputs]
+    errors["ctensor CP"] = max(_close("ctensor CP", a, b, rtol) for a, b in zip(got, want))
+    if zz is not None:
+        y = zz.step()
+        got = [y.numpy()] + [t.grad.numpy() for t in zz.inputs]
+        errors["ctensor CP zig-zag"] = max(_close("zig-zag", a, b[:, :, idx], rtol)
+                                           for a, b in zip(got, want))
+    y = one.step()
+    if r == 0:
+        got = [y.to_local()] + [t.grad.to_local() for t in one.inputs]
+        errors["ctensor one rank"] = max(_close("one rank", a, b, rtol)
+                                         for a, b in zip(got, want))
+    out = hand.forward()
+    dq, dk, dv = hand.backward()
+    errors["by hand"] = comm.allreduce(max(
+        _close("by hand", a, b[:, :, mine], rtol) for a, b in zip((out, dq, dk, dv), want)),
+        op=MPI.MAX)
+    with ct.debug.comm_log() as log:
+        cp.step()
+    steps = {"cp": cp.step, "one": one.step, "hand": hand.step}
+    if zz is not None:
+        steps["zigzag"] = zz.step
+    times = timed(steps, args.repeats, comm)
+    if r == 0:
+        report(args, n, times, errors, log, mem_cp, mem_one)
+
+
+def report(args, n, times, errors, log, mem_cp, mem_one) -> None:
+    print(f"causal attention step (forward + backward), B={args.batch} H={args.heads} "
+          f"T={args.seq} D={args.head_dim} {args.dtype}, {n} rank(s), median of "
+          f"{args.repeats}, slowest rank, one BLAS thread per rank")
+    rows = [("ctensor, CP %d (ring)" % n, times["cp"]), ("ctensor, one rank", times["one"]),
+            ("ring by hand (NumPy + mpi4py)", times["hand"])]
+    if "zigzag" in times:
+        rows.append(("ctensor, CP %d, zig-zag order" % n, times["zigzag"]))
+    for label, seconds in rows:
+        print(f"  {label:<32}{seconds * 1e3:>10.1f} ms")
+    ratio = times["cp"] / times["hand"]
+    if "zigzag" in times:
+        print(f"CP {n} zig-zag speed-up over one rank: {times['one'] / times['zigzag']:.2f}x "
+              f"(every rank the same causal work)")
+    print(f"CP {n} speed-up over one rank: {times['one'] / times['cp']:.2f}x; ctensor / by "
+          f"hand = {ratio:.2f}x (target <= {TARGET}x{'' if ratio <= TARGET else ': not met'})")
+    print(f"peak memory of the step per rank (above its inputs): CP {n} {mem_cp / 2**20:.2f} MiB, one rank "
+          f"{mem_one / 2**20:.2f} MiB ({mem_cp / max(1, mem_one):.2f}x)")
+    print(f"communication of one CP step: {len(log.collectives())} transfers, "
+          f"{log.total_bytes:,} B per rank ({', '.join(sorted(set(e.op for e in log)))})")
+    print("checked against float64 NumPy (max relative difference "
+          + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()) + ")")
+
+
+if __name__ == "__main__":
+    main()
