@@ -16,7 +16,8 @@ Saving is collective and atomic: every rank writes (and fsyncs) its regions into
 directory into place, so ``path`` is either the old checkpoint or the complete new one.
 Partial tensors are reduced (boxed to broadcast on their partial axes) before saving. With
 ``async_op=True`` the writes run on a background thread from host copies taken in the
-call, and the commit waits for ``handle.wait()`` (see :mod:`ctensor.checkpoint_io`).
+call, and ``handle.poll()`` / ``handle.wait()`` move the commit on: rank 0's file work runs
+on a thread of its own once every rank has written (see :mod:`ctensor.checkpoint_io`).
 
 Loading builds each tensor in the layout asked for (default: every rank of the current
 world, broadcast) by reading, for each shard this process holds, just the intersecting
@@ -194,10 +195,11 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     ``async_op=True`` returns a :class:`~ctensor.checkpoint_io.SaveHandle` at once: the
     shards are copied to host memory in the call (from the GPU too), so training may go on
     and change them; a background thread writes the copies, and ``handle.wait()``
-    (collective) commits the checkpoint on every rank (``handle.poll()``, once per step,
-    commits as soon as every rank's writes are done, without blocking). A save to a path
-    whose previous save is still in flight first finishes that one; saves to other paths
-    stay in flight together. Pending saves are finished at interpreter exit (a failure is
+    (collective) commits the checkpoint on every rank. ``handle.poll()`` (collective, once
+    per step, never blocking on the disk) starts the commit on rank 0's thread the step after
+    every rank's writes are done, and returns True at the first step after it ends. A save
+    to a path whose previous save is still in flight first finishes that one; saves to other
+    paths stay in flight together. Pending saves are finished at interpreter exit (a failure is
     printed). The host copies go into staging buffers kept from the previous asynchronous
     save (``ct.checkpoint_io.free_staging_buffers()`` lets them go).
 
@@ -250,13 +252,7 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     meta = {"format": FORMAT, "version": VERSION, "checksum": CHECKSUM,
             "world_size": w.size, "tree": tree, "tensors": meta_tensors, "arrays": meta_arrays}
 
-    def commit(checksums: dict, write_error: Optional[BaseException]) -> None:
-        _commit(w, path, tmp, meta, checksums, write_error)
-
-    def all_ranks(flag: bool) -> bool:
-        return all(w.exchange({r: flag for r in w.held_ranks}))
-
-    handle = SaveHandle(path, files, commit, background=async_op, all_ranks=all_ranks,
+    handle = SaveHandle(path, files, _Commit(w, path, tmp, meta), background=async_op,
                         staged=async_op)
     if async_op:
         return handle
@@ -264,37 +260,35 @@ def save(obj: Any, path: Union[str, os.PathLike], async_op: bool = False
     return None
 
 
-def _commit(w, path: str, tmp: str, meta: dict, checksums: dict,
-            error: Optional[BaseException]) -> None:
-    """Collective: every rank's checksums to rank 0, which writes the metadata and the
-    marker and renames ``tmp`` into place; the ranks agree on the outcome."""
-    first = w.held_ranks[0]
-    notes = w.exchange({r: (None if error else checksums) if r == first else {}
-                        for r in w.held_ranks})
-    if error is None and any(n is None for n in notes):
-        error = ValueError(f"save: writing the files of {path!r} failed on rank(s) "
-                           f"{[r for r, n in enumerate(notes) if n is None]} (see the error "
-                           f"there); the old checkpoint, if any, is unchanged")
-    if error is None and _is_root(w):
-        try:
-            crc = {name: value for n in notes for name, value in n.items()}
-            for entry in [r for tm in meta["tensors"] for r in tm["regions"]] + meta["arrays"]:
-                entry[CHECKSUM] = crc[entry["file"]]
-            meta_crc = write_text(os.path.join(tmp, METADATA), json.dumps(meta))
-            write_text(os.path.join(tmp, MARKER), f"{FORMAT} {VERSION} crc32 "
-                                                  f"{meta_crc:08x}\n")
-            old = path + OLD_SUFFIX
-            if os.path.exists(path):
-                shutil.rmtree(old, ignore_errors=True)
-                os.rename(path, old)
-            os.rename(tmp, path)
-            sync_directory(os.path.dirname(path))
+class _Commit:
+    """A save's collective parts and rank 0's commit, for its :class:`SaveHandle`: the
+    handle exchanges notes (every rank's checksums once written) on the calling thread;
+    rank 0's thread then writes the metadata and the marker, renames ``tmp`` into place
+    and removes the replaced checkpoint."""
+
+    def __init__(self, w, path: str, tmp: str, meta: dict):
+        self.w, self.path, self.tmp, self.meta = w, path, tmp, meta
+        self.root = _is_root(w)
+
+    def exchange(self, note) -> list:
+        return self.w.exchange({r: note for r in self.w.held_ranks})
+
+    def write(self, checksums: dict) -> None:
+        meta, tmp, path = self.meta, self.tmp, self.path
+        for entry in [r for tm in meta["tensors"] for r in tm["regions"]] + meta["arrays"]:
+            entry[CHECKSUM] = checksums[entry["file"]]
+        meta_crc = write_text(os.path.join(tmp, METADATA), json.dumps(meta))
+        write_text(os.path.join(tmp, MARKER), f"{FORMAT} {VERSION} crc32 {meta_crc:08x}\n")
+        old = path + OLD_SUFFIX
+        if os.path.exists(path):
             shutil.rmtree(old, ignore_errors=True)
-        except (OSError, KeyError) as exc:
-            error = exc
-    if error is not None and _is_root(w):
-        shutil.rmtree(tmp, ignore_errors=True)
-    _agree(error, "save", w)
+            os.rename(path, old)
+        os.rename(tmp, path)
+        sync_directory(os.path.dirname(path))
+        shutil.rmtree(old, ignore_errors=True)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 # ----------------------------------------------------------------------------- load

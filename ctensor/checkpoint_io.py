@@ -20,11 +20,17 @@ through a page-aligned bounce buffer, one chunk at a time. A file system that re
 I/O off.
 
 **The background writer.** :class:`SaveHandle` owns one save of this process: the arrays it
-writes (host copies taken in the call) and a thread that writes them and fsyncs them. The
-thread does file I/O and checksums only — never a collective: the commit, which needs every
-rank's checksums, runs on the calling thread in :meth:`SaveHandle.wait` (or at the next save
-to the same path, or at interpreter exit). The pending handles are process state, like the
-world: a list in start order, finished at exit (an error is printed, never lost silently).
+writes (host copies taken in the call) and a thread that writes them and fsyncs them. Every
+collective of a save runs on the calling thread, in :meth:`SaveHandle.poll` or
+:meth:`SaveHandle.wait` (or at the next save to the same path, or at interpreter exit),
+ordered with the rank's other collectives: one small exchange each, which hands every rank
+the same notes. Once every rank's notes say "written" (with its checksums), rank 0 starts a
+second thread for the commit's file work (the metadata and the marker, written and fsynced,
+the renames, the directory's fsync, removing the replaced checkpoint), and a later exchange
+tells every rank how it ended. The threads do file I/O and checksums only: removing a
+replaced 537 MB checkpoint alone took 0.1 s of wall time here (0.003 s of CPU), which the
+calling thread used to wait for. The pending handles are process state, like the world: a
+list in start order, finished at exit (an error is printed, never lost silently).
 """
 from __future__ import annotations
 
@@ -36,7 +42,7 @@ import threading
 import zlib
 
 import xxhash
-from typing import Callable, Optional
+from typing import Callable, Optional, Protocol
 
 import numpy as np
 
@@ -197,8 +203,8 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 def write_array(path: str, arr: np.ndarray, sync: bool = True) -> int:
     """Write ``arr`` (a host array) as ``.npy`` at ``path`` through ``path.part`` and a
-    rename; return the checksum (:data:`CHECKSUM`) of the file's bytes. ``sync``: fsync before the rename (a
-    checkpoint whose marker survives a power loss has its data too). A synced file of 1 MiB
+    rename; return the checksum (:data:`CHECKSUM`) of the file's bytes. ``sync``: fsync
+    before the rename (a checkpoint whose marker survives a power loss has its data too). A synced file of 1 MiB
     or more is written with direct I/O where the file system allows it (its header padded to
     a page, so its data starts on one), else through the page cache."""
     arr = np.asarray(arr)
@@ -342,45 +348,78 @@ def pending_saves() -> list:
     return list(_pending)
 
 
+class Commit(Protocol):
+    """What a :class:`SaveHandle` needs of the save that made it (see ``ct.checkpoint``)."""
+
+    #: whether this process holds rank 0, which commits
+    root: bool
+
+    def exchange(self, note) -> list:
+        """Collective: every rank's ``note``, in rank order."""
+
+    def write(self, checksums: dict) -> None:
+        """Rank 0, on any thread: write the metadata and the marker, rename the directory
+        into place, remove the replaced checkpoint."""
+
+    def discard(self) -> None:
+        """Rank 0: remove the unfinished directory of a failed save."""
+
+
+def _failure(error: BaseException) -> tuple:
+    return ("failed", type(error).__name__, str(error))
+
+
 class SaveHandle:
     """One asynchronous ``ct.save`` (what ``ct.save(..., async_op=True)`` returns).
 
-    * :meth:`wait` — collective, like the save: waits for this process's writes, then every
-      rank commits together (rank 0 writes the metadata and the marker and renames the
-      directory into place). Re-raises a failed write's error, on every rank. Call it on
-      every rank (or let the next save to the same path, or the interpreter's exit, call it).
-    * :meth:`done` — local: whether this process's writes are finished, so that ``wait()``
-      has only the commit left (it may differ between ranks: never branch a collective on it).
-    * :meth:`poll` — collective and never blocking on the disk: commits if every rank's
-      writes are finished; whether the save is over (call it once per training step).
+    * :meth:`poll` — collective and never blocking on the disk: one small exchange that
+      moves the save on if every rank can; whether the save is over (committed). Call it
+      once per training step: the step after every rank's writes end, rank 0's thread
+      commits (metadata, marker, renames, removing the replaced checkpoint) while training
+      goes on, and the next poll after that returns True.
+    * :meth:`wait` — collective, like the save: this process's writes, then the commit.
+      Re-raises a failed write's or commit's error, on every rank. Call it on every rank (or
+      let the next save to the same path, or the interpreter's exit, call it).
+    * :meth:`done` — local: whether this process's writes are finished (it may differ between
+      ranks: never branch a collective on it).
+
+    Every collective runs on the calling thread, in :meth:`poll` / :meth:`wait`, ordered
+    with the rank's other collectives; the threads do file I/O and checksums only. The
+    ranks move through the stages together ("writing", "committing", over): each exchange
+    gives every rank the same notes, so the same decision.
 
     >>> handle = ct.save(state, "ckpt/step-100", async_op=True)   # training goes on
     >>> ...
     >>> handle.wait()                                             # "ckpt/step-100" exists
     """
 
-    def __init__(self, path: str, files: list, commit: Callable[[dict, Optional[BaseException]],
-                                                                  None], background: bool,
-                 all_ranks: Callable[[bool], bool] = bool, staged: bool = False):
+    def __init__(self, path: str, files: list, commit: Commit, background: bool,
+                 staged: bool = False):
         self.path = path
         self._staged = staged  # the arrays are staging buffers: reused once written
-        self._all_ranks = all_ranks  # collective: whether a flag holds on every rank
         self._files = files  # [(file path, host array)]
-        self._buffers: list = []
         self._commit = commit
+        self._background = background
         self._checksums: dict = {}
-        self._write_error: Optional[BaseException] = None
-        self._result: Optional[BaseException] = None
-        self._finished = False
+        self._error: Optional[BaseException] = None  # this process's write or commit error
+        self._stage = "writing"  # -> "committing" -> "over"
+        self._result: Optional[BaseException] = None  # what poll()/wait() raise once over
         self._thread: Optional[threading.Thread] = None
         if background:
-            self._thread = threading.Thread(target=self._write, daemon=True,
-                                            name=f"ctensor-save {os.path.basename(path)}")
             _pending.append(self)
             _install_exit_hook()
+        self._start(self._write, bool(files))
+
+    def _start(self, work: Callable[[], None], thread: bool = True) -> None:
+        if self._background and thread:
+            self._thread = threading.Thread(target=work, daemon=True,
+                                            name=f"ctensor-save {os.path.basename(self.path)}")
             self._thread.start()
         else:
-            self._write()
+            work()
+
+    def _busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _write(self) -> None:
         # not niced: a starved writer that asks for the GIL makes the training thread,
@@ -388,52 +427,92 @@ class SaveHandle:
         try:
             for name, arr in self._files:
                 self._checksums[os.path.basename(name)] = write_array(name, arr)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by wait()
-            self._write_error = exc
-        finally:  # the host copies go (or serve the next save) once they are on disk
-            self._buffers = [arr for _, arr in self._files] if self._staged else []
-            self._files = []
+        except BaseException as exc:  # noqa: BLE001 - raised by poll()/wait() on every rank
+            self._error = exc
+
+    def _write_commit(self, checksums: dict) -> None:
+        try:
+            self._commit.write(checksums)
+        except BaseException as exc:  # noqa: BLE001 - raised by poll()/wait() on every rank
+            self._error = exc
+            self._commit.discard()
+
+    def _step(self) -> None:
+        """One exchange (collective): on to the next stage if every rank can."""
+        if self._stage == "writing":
+            note = "writing" if self._busy() else _failure(self._error) if self._error \
+                else ("written", self._checksums)
+            notes = self._commit.exchange(note)
+            if "writing" in notes:
+                return
+            self._release()
+            failed = [r for r, n in enumerate(notes) if n[0] == "failed"]
+            if failed:
+                if self._commit.root:
+                    self._commit.discard()
+                self._end(failed, notes, "writing the files of")
+                return
+            checksums = {k: v for n in notes for k, v in n[1].items()}
+            self._stage = "committing"
+            if self._commit.root:
+                self._start(lambda: self._write_commit(checksums))
+        else:
+            note = None
+            if self._commit.root:
+                note = "busy" if self._busy() else _failure(self._error) if self._error \
+                    else ("committed",)
+            notes = self._commit.exchange(note)
+            if notes[0] != "busy":
+                self._end([0] if notes[0][0] == "failed" else [], notes, "committing")
+
+    def _release(self) -> None:
+        """The host copies go (or serve the next save) once they are on disk."""
+        if self._staged:
+            unstage([arr for _, arr in self._files])
+        self._files = []
+
+    def _end(self, failed: list, notes: list, what: str) -> None:
+        self._stage = "over"
+        if self in _pending:
+            _pending.remove(self)
+        if failed and self._error is None:
+            kind, text = notes[failed[0]][1:]
+            cls = ChecksumError if kind == ChecksumError.__name__ else ValueError
+            self._error = cls(f"save: {what} {self.path!r} failed on rank(s) {failed}; "
+                              f"the old checkpoint, if any, is unchanged; rank {failed[0]}: "
+                              f"{kind}: {text}")
+        self._result = self._error if failed else None
 
     def done(self) -> bool:
         """Whether this process's writes are finished (local; see the class docstring)."""
-        return self._finished or self._thread is None or not self._thread.is_alive()
+        return self._stage != "writing" or not self._busy()
 
     def poll(self) -> bool:
-        """Collective: if every rank's writes are finished, commit (as :meth:`wait`, raising
-        its error); whether the save is over. Costs one small exchange; never waits for a
-        disk, so a training loop may call it every step to commit a save soon after its
-        writes end."""
-        if self._finished:
-            self.wait()
-            return True
-        if self._all_ranks(self.done()):
-            self.wait()
-            return True
-        return False
+        """Collective: one small exchange that moves the save on where every rank can (the
+        commit starts on rank 0's thread once every rank's writes are done); whether the save
+        is over, raising its error if it failed. Never waits for a disk, so a training loop
+        may call it every step."""
+        if self._stage != "over":
+            self._step()
+        if self._result is not None:
+            raise self._result
+        return self._stage == "over"
 
     def wait(self) -> None:
         """Finish the save (collective): this process's writes, then the commit on every
         rank. Raises the save's error (on every rank) if any rank's writes or the commit
         failed; a second call returns at once (or raises the same error)."""
-        if not self._finished:
+        while self._stage != "over":
             if self._thread is not None:
                 self._thread.join()
-            if self._buffers:
-                unstage(self._buffers)
-                self._buffers = []
-            self._finished = True
-            if self in _pending:
-                _pending.remove(self)
-            try:
-                self._commit(self._checksums, self._write_error)
-            except BaseException as exc:  # noqa: BLE001 - kept for a second wait()
-                self._result = exc
+            self._step()
         if self._result is not None:
             raise self._result
 
     def __repr__(self) -> str:
-        state = "committed" if self._finished and self._result is None else \
-            "failed" if self._finished else "writing" if not self.done() else "written"
+        state = {"over": "failed" if self._result is not None else "committed",
+                 "committing": "committing"}.get(self._stage,
+                                                 "writing" if self._busy() else "written")
         return f"SaveHandle({self.path!r}, {state})"
 
 

@@ -517,3 +517,55 @@ def test_poll_commits_once_every_rank_has_written(ckpt_dir, slow_disk):
         time.sleep(0.01)
     assert pending_saves() == [] and handle.poll() is True
     np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)
+
+
+def test_commit_runs_on_rank_0s_thread_while_poll_returns(ckpt_dir, monkeypatch):
+    """The commit's file work (metadata, marker, renames, removing the replaced checkpoint)
+    runs on rank 0's thread: poll() returns while it is held; wait() finishes it."""
+    import threading
+    import time
+
+    from ctensor import checkpoint
+    gate = threading.Event()
+    real = checkpoint._Commit.write
+
+    def gated(self, checksums):
+        assert threading.current_thread() is not threading.main_thread()
+        assert gate.wait(30), "the test never released the commit"
+        real(self, checksums)
+
+    path = os.path.join(ckpt_dir, "threaded")
+    ct.save({"x": ct.tensor(A)}, path)  # (a synchronous save commits on the calling thread)
+    monkeypatch.setattr(checkpoint._Commit, "write", gated)
+    handle = ct.save({"x": ct.tensor(2 * A)}, path, async_op=True)
+    deadline = time.monotonic() + 30
+    while not handle.done():         # local: this process's writes
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    barrier()                        # every rank's writes are done
+    assert handle.poll() is False    # the commit starts on rank 0's thread ...
+    assert handle.poll() is False and "committing" in repr(handle)  # ... and is held there
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)     # the old one meanwhile
+    gate.set()
+    handle.wait()
+    assert pending_saves() == [] and handle.poll() is True
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), 2 * A)
+
+
+def test_failed_commit_is_raised_on_every_rank(ckpt_dir, monkeypatch):
+    from ctensor import checkpoint
+    path = os.path.join(ckpt_dir, "commit-fails")
+    ct.save({"x": ct.tensor(A)}, path)
+
+    def failing(self, checksums):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint._Commit, "write", failing)
+    handle = ct.save({"x": ct.tensor(2 * A)}, path, async_op=True)
+    for _ in range(2):               # raised again by a second wait
+        with pytest.raises((OSError, ValueError), match="No space left"):
+            handle.wait()
+    assert pending_saves() == []
+    monkeypatch.undo()
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)   # the old one is intact
+    assert not os.path.exists(path + ".ctensor-tmp")
