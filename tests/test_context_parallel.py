@@ -219,18 +219,25 @@ def gpt_train():
     return mod
 
 
-@pytest.mark.parametrize("dropout", ["0", "0.1"])
-@pytest.mark.parametrize("layout", [("--cp", "2"), ("--dp", "2", "--cp", "2"),
-                                    ("--cp", "2", "--tp", "2")],
-                         ids=["cp2", "dp2xcp2", "cp2xtp2"])
+_SELECTIVE_FSDP = ("--recompute", "selective", "--fsdp")
+_REFERENCE: dict = {}
+
+
+@pytest.mark.parametrize("layout, dropout", [
+    (("--cp", "2"), "0"), (("--cp", "2"), "0.1"), (("--dp", "2", "--cp", "2"), "0.1"),
+    (("--cp", "2", "--tp", "2"), "0"), (("--dp", "2", "--cp", "2") + _SELECTIVE_FSDP, "0")],
+    ids=["cp2", "cp2-dropout", "dp2xcp2-dropout", "cp2xtp2", "dp2xcp2-recompute-fsdp"])
 def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     """examples/gpt/train.py --cp: the sequence split on a mesh axis of its own, the
     parameters broadcast on it (their gradients reduced over it and the data axis): the
     loss curve of one process (float64; dropout, which keeps the composite attention,
-    draws the same mask)."""
-    size = int(np.prod([int(v) for v in layout[1::2]]))
+    draws the same mask); with selective recompute and FSDP on the data axis too."""
+    sizes = [int(layout[i + 1]) for i, w in enumerate(layout) if w in ("--dp", "--cp", "--tp")]
+    size = int(np.prod(sizes))
     args = _TINY + ["--dropout", dropout] + list(layout)
-    reference = gpt_train.run(_TINY + ["--dropout", dropout, "--simulate", "1"])
+    if dropout not in _REFERENCE:  # (one process's curve, once per dropout)
+        _REFERENCE[dropout] = gpt_train.run(_TINY + ["--dropout", dropout, "--simulate", "1"])
+    reference = _REFERENCE[dropout]
     if MPI_MODE:
         if ct.world_size() != size:
             pytest.skip(f"needs exactly {size} ranks")
