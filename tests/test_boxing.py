@@ -310,3 +310,22 @@ def test_every_dim_pair_in_place_or_packed_is_exact(mesh):
 
 def slices_of(y, r):
     return tuple(slice(a, b) for a, b in y._layout.region(r))
+
+
+def test_a_sum_of_two_partials_scattered_along_a_strided_dim_is_exact(mesh):
+    """Two members scatter a partial sum along dim 1 by exchanging only each other's segment
+    and adding locally: the same bits as MPI's reduce-scatter (two operands)."""
+    if mesh.size != 2:
+        pytest.skip("a group of two")
+    rng = np.random.default_rng(3)
+    for dtype in (np.float32, np.float64, np.complex128, np.int32):
+        values = {r: (rng.standard_normal((4, 7, 3)) * 100).astype(dtype) for r in mesh.rank_list}
+        held = [r for r in runtime.world().held_ranks if r in mesh]
+        local = ({r: values[r] for r in held} if len(runtime.world().held_ranks) > 1
+                 else values[held[0]] if held else None)
+        p = ct.from_local(local, mesh, (P,))
+        total = values[mesh.rank_list[0]] + values[mesh.rank_list[1]]
+        for j in (1, 2):
+            y = p.to_global(sbp=(ct.sbp.split(j),))
+            np.testing.assert_array_equal(y.numpy(), total)
+            assert y.numpy().dtype == dtype
