@@ -207,11 +207,13 @@ def _backward(opdef, g, q, k, v, out, lse, axis, attrs):
             if kv_wait is not None:
                 blocks = kv_wait()
             grads = grad_wait()
-        # the accumulators are home: rank i holds its own block's after n hops (copied out
-        # of the communicator's receive buffer, which its pool reuses)
-        grads = {r: d.copy() for r, d in grads.items()} if n > 1 else grads
-        result["dk"] = _cast({r: d[..., :e] for r, d in grads.items()}, kl.dtype)
-        result["dv"] = _cast({r: d[..., e:] for r, d in grads.items()}, vl.dtype)
+        # the accumulators are home: rank i holds its own block's after n hops; dk and dv
+        # each get an array of their own (out of the communicator's receive buffer, which
+        # its pool reuses; contiguous, so autograd keeps them as they are)
+        result["dk"] = _cast({r: xp.ascontiguousarray(d[..., :e]) for r, d in grads.items()},
+                             kl.dtype)
+        result["dv"] = _cast({r: xp.ascontiguousarray(d[..., e:]) for r, d in grads.items()},
+                             vl.dtype)
         return _cast(dq, ql.dtype)
 
     context.op_stack.append(grad_name.name)
