@@ -245,3 +245,36 @@ def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     else:
         history = gpt_train.run(args + ["--simulate", str(size)])
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
+
+
+def test_ulysses_equals_one_rank():
+    """The head-split rule taken for a sequence split (the planner's advisor picks it, as
+    the cost model does for many heads on fast links): q, k, v go S(2) -> S(1) by
+    all-to-all, the output comes back by one more; the backward has their duals."""
+    from ctensor import planner
+
+    def heads(call, choice):
+        if call.op.name == "attention":
+            return next(c for c in choice.candidates if c.inputs[0] == ct.sbp.split(1))
+        return None
+
+    arrays = _arrays((1, 4, 10, 3), seed=4)
+    ref = _reference(*arrays, True)
+    previous = planner.set_advisor(heads)
+    try:
+        with world(2):
+            p = ct.placement("cpu", [0, 1])
+            q, k, v, g = [ct.tensor(a, placement=p, sbp=ct.sbp.split(2)) for a in arrays]
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+            with ct.debug.comm_log() as fwd:
+                y = ct.attention(*[t * 1.0 for t in leaves], causal=True)
+                y = y.to_global(sbp=ct.sbp.split(2))
+            with ct.debug.comm_log() as bwd:
+                (y * g).sum().backward()
+            np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+            for t, want in zip(leaves, ref[1:]):
+                np.testing.assert_allclose(t.grad.numpy(), want, **TOL)
+    finally:
+        planner.set_advisor(previous)
+    assert fwd.collectives() == ["all_to_all"] * 4
+    assert bwd.collectives() == ["all_to_all"] * 4
