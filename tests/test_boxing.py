@@ -312,9 +312,9 @@ def slices_of(y, r):
     return tuple(slice(a, b) for a, b in y._layout.region(r))
 
 
-def test_a_sum_of_two_partials_scattered_along_a_strided_dim_is_exact(mesh):
-    """Two members scatter a partial sum by exchanging only each other's segment and adding
-    locally: the same bits as MPI's reduce-scatter (two operands)."""
+def test_a_sum_of_two_partials_is_exact(mesh):
+    """Two members scatter (or all-reduce) a partial sum by exchanging only each other's
+    segment (or input) and adding locally: the same bits as MPI's (two operands)."""
     if mesh.size != 2:
         pytest.skip("a group of two")
     rng = np.random.default_rng(3)
@@ -325,7 +325,10 @@ def test_a_sum_of_two_partials_scattered_along_a_strided_dim_is_exact(mesh):
                  else values[held[0]] if held else None)
         p = ct.from_local(local, mesh, (P,))
         total = values[mesh.rank_list[0]] + values[mesh.rank_list[1]]
-        for j in (0, 1, 2):
-            y = p.to_global(sbp=(ct.sbp.split(j),))
+        for dst in (ct.sbp.split(0), ct.sbp.split(1), ct.sbp.split(2), B):
+            y = p.to_global(sbp=(dst,))
             np.testing.assert_array_equal(y.numpy(), total)
             assert y.numpy().dtype == dtype
+            if dst == B:  # every member holds the same bits
+                for a in y.local_shards().values():
+                    np.testing.assert_array_equal(a, total)
