@@ -12,7 +12,7 @@ back, and the pool holds at most ``max_bytes`` of idle buffers.
 
 Below it, the helpers the MPI collectives use to cut an array into its parts along one dim
 and, where the parts are not consecutive byte ranges, to pack them into one pooled buffer
-(and back) with a single copy.
+(and back) with a single copy, and which dtypes NumPy sums exactly as MPI does.
 """
 from __future__ import annotations
 
@@ -116,3 +116,10 @@ def unpack(recv: np.ndarray, pieces: list, skip: int | None = None) -> None:
         if i != skip:
             p[...] = recv[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)
             pos += p.nbytes
+
+
+def exact_pair_sum(dtype: np.dtype) -> bool:
+    """Whether NumPy adds two values of ``dtype`` exactly as MPI's SUM does (integers wrap,
+    IEEE single/double and their complex are correctly rounded; not bool, which MPI reduces
+    logically, nor float16 or long double)."""
+    return dtype.kind in "iu" or dtype in (np.float32, np.float64, np.complex64, np.complex128)

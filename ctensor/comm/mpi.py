@@ -46,7 +46,7 @@ from .. import timing as _profile
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
-from .buffers import BufferPool, flat_along, pack, parts, unpack
+from .buffers import BufferPool, exact_pair_sum, flat_along, pack, parts, unpack
 from .p2p import NonblockingExchange, dtype_text as _dtype_text
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
@@ -133,13 +133,6 @@ def _prefix(counts):
         displs.append(total)
         total += c
     return displs, total
-
-
-def _exact_pair_sum(dtype: np.dtype) -> bool:
-    """Whether NumPy adds two values of ``dtype`` exactly as MPI's SUM does (integers wrap,
-    IEEE single/double and their complex are correctly rounded; not bool, which MPI reduces
-    logically, nor float16 or long double)."""
-    return dtype.kind in "iu" or dtype in (np.float32, np.float64, np.complex64, np.complex128)
 
 
 class MPICommunicator(NonblockingExchange, Communicator):
@@ -287,7 +280,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
         call, channel = self._begin("all_reduce", group, buf, (op.value,), same_shape=True,
                                     guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
         out = self._pool.empty(buf.shape, buf.dtype)
-        if len(group) == 2 and op is ReduceOp.SUM and _exact_pair_sum(buf.dtype):
+        if len(group) == 2 and op is ReduceOp.SUM and exact_pair_sum(buf.dtype):
             # two members: swap the inputs and add (see _pair_sum_start: the same bits)
             recv = self._pool.empty(buf.shape, buf.dtype)
             mine, BYTE = group.index(self.rank), self._MPI.BYTE
@@ -374,7 +367,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                     (op.value, f"dim {dim}", f"sizes {list(sizes)}"),
                                     same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
                                                             buf.dtype.num, buf.shape))
-        if len(group) == 2 and op is ReduceOp.SUM and _exact_pair_sum(buf.dtype):
+        if len(group) == 2 and op is ReduceOp.SUM and exact_pair_sum(buf.dtype):
             return self._pair_sum_start(call, channel, buf, dim, sizes, me, out)
         if flat_along(buf, dim):
             send = buf
