@@ -15,8 +15,10 @@ the same ops every step, so ctensor learns the step and plans it:
 * **record** — per call: the op, its attribute key, the input layouts, which *value* each
   input is (an earlier call's output, the copy an earlier call boxed one of its inputs to
   that its backward reads, or a tensor from outside the window), which inputs need a
-  gradient or are parameters, and the layouts the call ran in. Every rank records the same
-  window (layouts are global metadata);
+  gradient or are parameters, and the layouts the call ran in; and which value each
+  parameter's gradient is when the backward hands it to the buckets (observed by wrapping
+  :meth:`ctensor.gradsync.Synchronizer.deposit`), with its destination layout. Every rank
+  records the same window (layouts are global metadata);
 * **solve** — only when the loop repeats: a window that runs the same calls (ops,
   attributes, input layouts) as the window before it is solved at its end (so a script
   that runs one step never pays for a solve, and a training loop is planned after its
@@ -57,7 +59,7 @@ import time
 import weakref
 from typing import Optional
 
-from . import autograd, dispatch, planner, runtime
+from . import autograd, dispatch, gradsync, planner, runtime
 from .sbp import format_sbp
 from .stepsolve import solve
 
@@ -94,8 +96,8 @@ class _Plan:
     """A solved window: the calls, per call the chosen option and the per-op one, the
     input layouts the plan expects at each call."""
 
-    def __init__(self, calls, values, chosen, per_op, totals, seconds):
-        self.calls, self.values = calls, values
+    def __init__(self, calls, values, deposits, chosen, per_op, totals, seconds):
+        self.calls, self.values, self.deposits = calls, values, deposits
         self.chosen, self.per_op = chosen, per_op
         self.totals, self.seconds = totals, seconds
         layout = []
@@ -141,6 +143,7 @@ class _State:
         self.ids: dict = {}  # id(tensor) -> (weakref, value)
         self.boxes: dict = {}  # (call, input) -> value
         self.frames: list = []  # the calls whose backward functions are running
+        self.deposits: list = []  # (value, destination layout): gradients to the buckets
         self.overflow = False
 
 
@@ -535,22 +538,45 @@ def _learn(st: _State) -> _Plan:
     start = time.perf_counter()
     calls = [_SolverCall(c) for c in st.calls]
     values = [v if v[0] != "ext" else v for v in st.values]
-    chosen, per_op, totals = solve(calls, values)
+    chosen, per_op, totals = solve(calls, values, st.deposits)
     seconds = time.perf_counter() - start
     st.stats["learned"] += 1
     st.stats["solve_seconds"] = seconds
-    return _Plan(st.calls, values, chosen, per_op, totals, seconds)
+    return _Plan(st.calls, values, st.deposits, chosen, per_op, totals, seconds)
+
+
+def _observed_deposit(deposit):
+    """``Synchronizer.deposit`` that notes which recorded value goes to the buckets and
+    where (the leaf's gradient layout): the solver prices the gradient synchronisation
+    (:func:`ctensor.stepsolve.solve`)."""
+
+    def observed_deposit(sync, leaf, g):
+        st = _state
+        if st.enabled and st.started and not st.idle and sync.sync and leaf.grad is None \
+                and g.dtype == leaf.dtype:
+            entry = st.ids.get(id(g))
+            if entry is not None and entry[0]() is g:
+                st.deposits.append(
+                    (entry[1], getattr(leaf, "_grad_layout", None) or leaf._layout))
+        return deposit(sync, leaf, g)
+
+    observed_deposit.__wrapped__ = deposit
+    return observed_deposit
 
 
 # ----------------------------------------------------------------------------- installation
 _plain_apply = getattr(dispatch.apply, "__wrapped__", dispatch.apply)
 _observed_apply = _observed(_plain_apply)
+_plain_deposit = getattr(gradsync.Synchronizer.deposit, "__wrapped__",
+                         gradsync.Synchronizer.deposit)
+_observed_deposit_fn = _observed_deposit(_plain_deposit)
 
 
 def _install(on: bool) -> None:
     """Observe ``dispatch.apply`` only while step planning is on: off, every op calls the
     plain one (the wrapper's call and tests cost ~0.1-0.2 us per op, benchmarks/dispatch.py)."""
     dispatch.apply = _observed_apply if on else _plain_apply
+    gradsync.Synchronizer.deposit = _observed_deposit_fn if on else _plain_deposit
 
 
 _install(_state.enabled)

@@ -12,16 +12,24 @@ choice). The total the solver minimises is the cost model's (:mod:`ctensor.cost`
 * per call, the kernel's compute on the largest shard in the option's layouts;
 * per value, boxing it once into each *distinct* layout its consumers take it in (dispatch
   keeps one boxed copy per tensor and target, so a partial value needed whole by three
-  consumers is reduced once); moving a parameter costs ``choice._PINNED``.
+  consumers is reduced once); moving a parameter costs ``choice._PINNED``;
+* the gradient synchronisation: each parameter's gradient (a *deposit*: the value and the
+  layout its ``.grad`` takes) joins the bucket of the reduction it needs, one collective
+  per bucket (:class:`_Sync`), or is boxed on its own. (On a (data, tensor) mesh a norm
+  weight's gradient left partial on the tensor axis needs a bucket of its own.)
 
 The search is an iterated local search from the per-op choice (what eager dispatch picked
 while the step was recorded), in the spirit of OneFlow's auto-parallel SBP search: a move
 sets one call's option and then re-chooses, greedily and in program order, each later call
 whose inputs it changed (a bounded cascade: changing a producer is only worth something if
-its consumers follow); the move is kept when the total falls. Sweeps over the calls repeat
-until one finds nothing (or :data:`_SWEEPS`). Each move touches a bounded neighbourhood,
-so a sweep is linear in the calls. Deterministic: lists and program order only (no set
-or hash order), so every rank, given the same record, makes the same plan.
+its consumers follow); the move is kept when the total falls. Besides: all consumers of a
+value to one layout (one boxed copy), the producers of a communicating input to make it
+directly, and every member of one bucket into the layout of another (a bucket's latency
+is saved only with its last member, which no single move sees). A single move dearer for
+the call itself both with and without its outputs' boxing is not tried. Sweeps over the
+calls repeat until one finds nothing (or :data:`_SWEEPS`). Each move touches a bounded
+neighbourhood, so a sweep is linear in the calls. Deterministic: lists and program order
+only (no set or hash order), so every rank, given the same record, makes the same plan.
 """
 from __future__ import annotations
 
@@ -34,7 +42,9 @@ import numpy as np
 from . import boxing
 from . import cost as cost_model
 from .choice import _PINNED
+from .gradsync import _reduction
 from .layout import Layout
+from .sbp import Broadcast, partial_sum
 
 __all__ = ["solve", "options_of"]
 
@@ -137,7 +147,7 @@ def _recorded_pick(cands, axis, call):
 class _Problem:
     """The calls as integers: values, their consumers, the current option per call."""
 
-    def __init__(self, calls, values):
+    def __init__(self, calls, values, deposits=()):
         self.opts, self.cur = [], []
         for call in calls:
             opts, chosen = options_of(call)
@@ -162,15 +172,17 @@ class _Problem:
                 continue
             for k, v in enumerate(ins):
                 self.consumers[v].append((i, k))
-        # an output no recorded call takes (a parameter's gradient on its way to the
-        # buckets, the loss) leaves the step: it is charged the move back to the layout
-        # the per-op choice gave it, which weighed where it goes next (the gradient's
-        # destination)
+        # a parameter's gradient on its way to the buckets: priced as the synchronisation
+        # prices it (see _Sync); another output no recorded call takes (the loss) leaves
+        # the step: it is charged the move back to the layout the per-op choice gave it
+        self.sync = _Sync(deposits)
         for v, val in enumerate(values):
-            if val[0] == "out" and not self.consumers[v] and not self.moves[v]:
+            if val[0] == "out" and not self.consumers[v] and not self.moves[v] and \
+                    v not in self.sync.target:
                 self.moves[v].append(self.opts[val[1]][self.cur[val[1]]].outs[val[2]])
         self._box_cost: dict = {}
         self.edge = [self.edge_cost(v) for v in range(len(values))]
+        self.fixed = self.sync.fixed(self.layout)
 
     def layout(self, v):
         val = self.values[v]
@@ -209,6 +221,8 @@ class _Problem:
                 total += self.box(src, t)
         if seen is not None and self.values[v][0] == "ext" and self.values[v][2]:
             total += sum(_PINNED for t in seen if boxing.communicates(src, t))
+        if v in self.sync.target:
+            total += self.sync.member(src, self.sync.target[v], self.box)
         return total
 
     def local(self, i, o, outputs: bool = True) -> float:
@@ -228,7 +242,59 @@ class _Problem:
         return total
 
     def total(self) -> float:
-        return sum(self.opts[i][c].compute for i, c in enumerate(self.cur)) + sum(self.edge)
+        return sum(self.opts[i][c].compute for i, c in enumerate(self.cur)) + \
+            sum(self.edge) + self.sync.fixed(self.layout)
+
+
+class _Sync:
+    """The gradient synchronisation at the step's end (:mod:`ctensor.gradsync`): each
+    deposited gradient whose layout differs from its destination only by partial sums
+    joins the bucket of its reduction (one collective per bucket: its latency is paid once,
+    :meth:`fixed`, its bytes per member, :meth:`member`); another is boxed on its own."""
+
+    def __init__(self, deposits):
+        self.target = {}
+        for v, target in deposits:
+            self.target.setdefault(v, target)
+        self._keys: dict = {}
+
+    def key(self, src, dst):
+        """``(placement, dtype, kind, group size, reduced axes)`` of the bucket ``src``
+        joins, or None (boxed on its own)."""
+        hit = self._keys.get((src, dst), False)
+        if hit is False:
+            plan = _reduction(src, dst) if src is not dst else None
+            hit = None
+            if plan is not None:
+                axes, scatter = plan
+                shape = src.placement.shape
+                group = int(np.prod([shape[a] for a in axes]))
+                hit = (src.placement, src.dtype, "all_reduce" if scatter is None else
+                       "reduce_scatter", group, axes)
+            self._keys[(src, dst)] = hit
+        return hit
+
+    def member(self, src, dst, box) -> float:
+        """A gradient's own share: its bytes in its bucket's collective, or its boxing."""
+        if src is dst or src == dst:
+            return 0.0
+        key = self.key(src, dst)
+        if key is None:
+            return box(src, dst)
+        placement, _, kind, group, _ = key
+        nbytes = src.local_nbytes(placement.rank_list[0])
+        return (cost_model.collective(kind, group, nbytes, placement.device) -
+                cost_model.collective(kind, group, 0, placement.device))
+
+    def fixed(self, layout_of) -> float:
+        """Per bucket its collective's latency (``layout_of``: a value's current layout)."""
+        keys = []
+        for v, dst in self.target.items():
+            key = self.key(layout_of(v), dst)
+            if key is not None and key not in keys:
+                keys.append(key)
+        return sum(cost_model.collective(kind, group, 0, placement.device)
+                   for placement, _, kind, group, _ in keys)
 
 
 def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
@@ -266,9 +332,15 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
     new_edges = {v: p.edge_cost(v) for v in touched}
     delta = sum(p.opts[j][p.cur[j]].compute - p.opts[j][was].compute for j, was in old.items())
     delta += sum(new_edges[v] - p.edge[v] for v in touched)
+    fixed = None
+    if any(v in p.sync.target for v in touched):
+        fixed = p.sync.fixed(p.layout)
+        delta += fixed - p.fixed
     if delta < -_TOL:
         for v, c in new_edges.items():
             p.edge[v] = c
+        if fixed is not None:
+            p.fixed = fixed
         return True
     for j, was in old.items():
         p.cur[j] = was
@@ -352,12 +424,58 @@ def _shared_moves(p: _Problem, v: int) -> list:
     return moves
 
 
-def solve(calls, values, moves_per_call: int = _MOVES_PER_CALL) -> tuple:
+def _merge_moves(p: _Problem) -> list:
+    """Per bucket the deposited gradients join now (see :class:`_Sync`), per other
+    all-reduce bucket: the move whose producers make every member in the layout that joins
+    the other one (:func:`_pull`). One bucket's latency is saved only when its last member
+    leaves it, which no single move sees."""
+    sync, groups = p.sync, []
+    for v, dst in sync.target.items():
+        key = sync.key(p.layout(v), dst)
+        if key is None:
+            continue
+        for g in groups:
+            if g[0] == key:
+                g[1].append(v)
+                break
+        else:
+            groups.append((key, [v]))
+    moves = []
+    for key, members in groups:
+        for other, _ in groups:
+            if other is key or other[:3] != (key[0], key[1], "all_reduce"):
+                continue
+            seeds: dict = {}
+            for v in members:
+                dst = sync.target[v]
+                if not all(isinstance(dst.sbp[a], Broadcast) for a in other[4]):
+                    break
+                joins = dst.with_sbp([partial_sum if a in other[4] else e
+                                      for a, e in enumerate(dst.sbp)])
+                if not _pull(p, v, joins, seeds, _PULL_DEPTH):
+                    break
+            else:
+                move = [(i, q) for i, q in sorted(seeds.items()) if q != p.cur[i]]
+                if move:
+                    moves.append(move)
+    return moves
+
+
+def _promising(p: _Problem, i: int, o: int) -> bool:
+    """Whether setting call ``i`` to option ``o`` is cheaper for the call itself, counting
+    its outputs' boxing into what their consumers take now or not (a move dearer both ways
+    cannot gain in the cascade it starts: its consumers re-choose after it either way)."""
+    cur = p.cur[i]
+    return p.local(i, o, True) < p.local(i, cur, True) - _TOL or \
+        p.local(i, o, False) < p.local(i, cur, False) - _TOL
+
+
+def solve(calls, values, deposits=(), moves_per_call: int = _MOVES_PER_CALL) -> tuple:
     """Per call the chosen :class:`Option` and the per-op one, and the estimated totals
     ``(planned, per-op)`` in seconds. At most ``moves_per_call`` tried moves per call and
     mesh axis in all (a budget in moves, not seconds, so that every rank stops at the same
     point)."""
-    p = _Problem(calls, values)
+    p = _Problem(calls, values, deposits)
     before = p.total()
     # (per mesh axis: an N-D mesh has as many more ways to run each call)
     ndim = max((c.layouts[0].placement.ndim for c in calls if c.layouts), default=1)
@@ -376,15 +494,19 @@ def solve(calls, values, moves_per_call: int = _MOVES_PER_CALL) -> tuple:
         improved = False
         for i in range(len(calls)):
             for o in range(len(p.opts[i])):
-                if o != p.cur[i] and attempt([(i, o)], True):
+                if o != p.cur[i] and _promising(p, i, o) and attempt([(i, o)], True):
                     improved = True
             for v in p.produced[i]:
                 for seeds in _shared_moves(p, v):
-                    if attempt(seeds, True, False):
+                    if attempt(seeds, True):
                         improved = True
             for seeds in _pull_moves(p, i):
                 if attempt(seeds, True):
                     improved = True
+        # (outside the budget: a few moves per pair of buckets, none once there is one)
+        for seeds in _merge_moves(p):
+            if _try(p, seeds, True) or _try(p, seeds, False):
+                improved = True
         if not improved or budget[0] <= 0:
             break
     chosen = [p.opts[i][c] for i, c in enumerate(p.cur)]
