@@ -474,10 +474,11 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
     or a float mask added to the scores. ``enable_gqa``: key and value with fewer heads
     (dim -3) than the query are repeated to its number (grouped-query attention).
 
-    Without a mask or dropout it is the fused core :func:`ctensor.attention` (scores never
-    held whole; inputs split on the sequence run as a ring over that mesh axis, or as
-    Ulysses' head split, as the cost model picks); with either, the composite of
-    ``linear``, ``causal_fill``, ``softmax``, ``dropout`` and a matmul. Head-split (S(1)) or
+    Without a mask it is the fused core :func:`ctensor.attention` (scores never held
+    whole; inputs split on the sequence run as a ring over that mesh axis, or as Ulysses'
+    head split, as the cost model picks; dropout draws the bits the composite draws); with
+    one, the composite of ``linear``, ``causal_fill``/``where``, ``softmax``, ``dropout``
+    and a matmul. Head-split (S(1)) or
     batch-split inputs run with no communication; the causal mask is computed from each
     shard's offsets.
 
@@ -505,12 +506,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p: f
         v = v.repeat_interleave(group, dim=-3)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
-    if attn_mask is None and dropout_p == 0.0 and q.shape[:-2] == k.shape[:-2] and \
+    if attn_mask is None and dropout_p < 1.0 and q.shape[:-2] == k.shape[:-2] and \
             k.shape[:-2] == v.shape[:-2] and q.dtype == k.dtype == v.dtype:
-        # the fused core: O(L) activations; a sequence split runs as a ring (or Ulysses)
-        return ct.attention(q, k, v, causal=is_causal, scale=scale)
-    # (a mask, dropout or broadcast batch dims: the composite, which materialises the
-    # scores; a sequence split of q, k, v gathers there)
+        # the fused core: O(L) activations; a sequence split runs as a ring (or Ulysses);
+        # its dropout draws the composite's bits (ct.rand_like of the probabilities)
+        return ct.attention(q, k, v, causal=is_causal, scale=scale, dropout=float(dropout_p))
+    # (a mask or broadcast batch dims: the composite, which materialises the scores; a
+    # sequence split of q, k, v gathers there)
     scores = ct.linear(q, k) * scale  # q @ k^T, no transpose op
     if is_causal:
         scores = ct.causal_fill(scores, float("-inf"))

@@ -119,6 +119,37 @@ def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
     assert fwd.collectives().count("send_recv") == 1
 
 
+@pytest.mark.parametrize("cp", [2, 4])
+def test_dropout_in_the_ring_draws_the_composites_bits(cp):
+    """``ct.attention(..., dropout=p)`` (what F.scaled_dot_product_attention calls) under
+    the ring equals the composite on one rank — softmax, ``F.dropout`` (``ct.rand_like`` of
+    the probabilities), matmul — with the same seed, forward and backward: the mask is
+    drawn by logical position, block by block."""
+    from ctensor.nn import functional as F
+    arrays = _arrays((2, 2, 11, 3), seed=5)
+
+    def run(placement, sbp, fused):
+        q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
+        for t in (q, k, v):
+            t.requires_grad_()
+        ct.manual_seed(7)
+        if fused:
+            y = ct.attention(q, k, v, causal=True, dropout=0.3)
+        else:  # (a mask keeps the composite)
+            mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
+        with ct.debug.comm_log() as log:
+            (y * g).sum().backward()
+        return [y.numpy()] + [t.grad.numpy() for t in (q, k, v)], log
+
+    with world(cp):
+        want, _ = run(ct.placement("cpu", [0]), ct.sbp.broadcast, False)
+        got, log = run(ct.placement("cpu", list(range(cp))), ct.sbp.split(2), True)
+    assert log.collectives().count("send_recv") == 2 * cp - 1
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL)
+
+
 def test_cost_model_picks_ring_ulysses_or_gather():
     """Activations (not pinned) split on the sequence: short sequences gather, long ones
     on a CPU run as a ring (the block's compute hides the transfer), many heads on a GPU
@@ -230,8 +261,8 @@ _REFERENCE: dict = {}
 def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     """examples/gpt/train.py --cp: the sequence split on a mesh axis of its own, the
     parameters broadcast on it (their gradients reduced over it and the data axis): the
-    loss curve of one process (float64; dropout, which keeps the composite attention,
-    draws the same mask); with selective recompute and FSDP on the data axis too."""
+    loss curve of one process (float64; the attention's dropout draws one process's mask
+    inside the ring); with selective recompute and FSDP on the data axis too."""
     sizes = [int(layout[i + 1]) for i, w in enumerate(layout) if w in ("--dp", "--cp", "--tp")]
     size = int(np.prod(sizes))
     args = _TINY + ["--dropout", dropout] + list(layout)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..random import Kind, region
+
 __all__ = []  # (private to ops/attention.py and ops/attention_ring.py)
 
 #: keys per chunk: the scores held at a time are (rows, _BLOCK)
@@ -70,6 +72,21 @@ def _pairs(qpos, kpos, causal: bool):
                 yield slice(qa, qb), slice(ca, cb), mask
 
 
+def dropper(xp, key, p: float, shape: tuple, batch: tuple, q0: int, k0: int, dtype):
+    """``drop`` for :func:`accumulate`/:func:`grad_block`: the factors of the rows and
+    columns given as local slices, drawn as ``ct.rand_like(probabilities) >= p`` draws them
+    for the logical (..., L, S) probabilities of ``shape`` (``key`` from
+    ``ct.random.next_key()``; ``batch``: the shard's region of the leading dims, ``q0``/``k0``
+    its first query row and key column), so the mask is one process's on every layout."""
+    keep = 1.0 / (1.0 - p)
+
+    def drop(qs, ks):
+        box = tuple(batch) + ((q0 + qs.start, q0 + qs.stop), (k0 + ks.start, k0 + ks.stop))
+        u = region(Kind.UNIFORM, shape, box, dtype, key, xp)
+        return xp.where(u >= p, keep, 0.0).astype(u.dtype)
+    return drop
+
+
 def _t(x):
     return x.swapaxes(-1, -2)
 
@@ -81,8 +98,11 @@ def new_state(xp, q, v, dtype):
             xp.zeros(rows + (v.shape[-1],), dtype=dtype))
 
 
-def accumulate(xp, state, q, k, v, qpos, kpos, causal: bool, scale: float) -> None:
-    """Fold the keys ``k``/values ``v`` (positions ``kpos``) into ``state`` (in place)."""
+def accumulate(xp, state, q, k, v, qpos, kpos, causal: bool, scale: float,
+               drop=None) -> None:
+    """Fold the keys ``k``/values ``v`` (positions ``kpos``) into ``state`` (in place).
+    ``drop(q slice, k slice)``: the dropout factors (0 or ``1/(1-p)``) of those
+    probabilities, applied after the softmax (its sums see them all), or None."""
     m, s_, acc = state
     for qs, ks, mask in _pairs(qpos, kpos, causal):
         s = (q[..., qs, :] @ _t(k[..., ks, :])) * scale
@@ -94,6 +114,8 @@ def accumulate(xp, state, q, k, v, qpos, kpos, causal: bool, scale: float) -> No
         p = xp.exp(s - safe[..., None])
         alpha = xp.exp(m_old - safe)
         s_[..., qs] = s_[..., qs] * alpha + p.sum(axis=-1)
+        if drop is not None:
+            p = p * drop(qs, ks)
         acc[..., qs, :] = acc[..., qs, :] * alpha[..., None] + p @ v[..., ks, :]
         m[..., qs] = m_new
 
@@ -109,18 +131,18 @@ def finish(xp, state):
     return out, lse
 
 
-def attend(xp, q, k, v, qpos, kpos, causal: bool, scale: float, dtype):
+def attend(xp, q, k, v, qpos, kpos, causal: bool, scale: float, dtype, drop=None):
     """``(output, lse)`` of ``q`` against all of ``k``/``v``."""
     state = new_state(xp, q, v, dtype)
-    accumulate(xp, state, q, k, v, qpos, kpos, causal, scale)
+    accumulate(xp, state, q, k, v, qpos, kpos, causal, scale, drop)
     return finish(xp, state)
 
 
 def grad_block(xp, q, k, v, g, lse, delta, qpos, kpos, causal: bool, scale: float,
-               dq, dk, dv) -> None:
+               dq, dk, dv, drop=None) -> None:
     """Add one key block's contributions to ``dq`` (rows of ``q``) and to ``dk``/``dv``
     (rows of ``k``), in place: the probabilities are recomputed from ``lse``; ``delta`` is
-    ``sum(g * output, -1)``."""
+    ``sum(g * output, -1)`` (with dropout too: the dropped probabilities' rows sum to it)."""
     lse = xp.where(xp.isneginf(lse), np.inf, lse)  # a row that saw no key: p = 0
     for qs, ks, mask in _pairs(qpos, kpos, causal):
         qq, kk, vv, gg = q[..., qs, :], k[..., ks, :], v[..., ks, :], g[..., qs, :]
@@ -128,7 +150,13 @@ def grad_block(xp, q, k, v, g, lse, delta, qpos, kpos, causal: bool, scale: floa
         if mask is not None:
             s = xp.where(xp.asarray(mask), -np.inf, s)
         p = xp.exp(s - lse[..., qs, None])
-        dv[..., ks, :] += _t(p) @ gg
-        ds = p * (gg @ _t(vv) - delta[..., qs, None])
+        dp = gg @ _t(vv)
+        if drop is not None:
+            d = drop(qs, ks)
+            dv[..., ks, :] += _t(p * d) @ gg
+            dp *= d
+        else:
+            dv[..., ks, :] += _t(p) @ gg
+        ds = p * (dp - delta[..., qs, None])
         dq[..., qs, :] += (ds @ kk) * scale
         dk[..., ks, :] += (_t(ds) @ qq) * scale

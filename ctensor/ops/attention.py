@@ -22,7 +22,9 @@ S(d), S(d), S(d) rule on the head dim, reached by boxing: the cost model weighs 
 the ring (overlapped point-to-point transfers, ``cp - 1`` of them) and the gather by
 sequence length, heads and the axis size.
 
-``causal`` masks key positions after the query's (top-left, as PyTorch). ``zigzag=c``: the
+``causal`` masks key positions after the query's (top-left, as PyTorch); ``dropout=p`` drops
+probabilities with the composite's bits (a key input, broadcast, carries the random call).
+``zigzag=c``: the
 sequence is stored in the zig-zag order of ``c`` ranks (``ct.zigzag_index``): causal masks
 use the true positions, so a sequence split ``c`` ways gives every rank equal work.
 """
@@ -36,14 +38,17 @@ from .. import cost
 from ..dispatch import as_tensor
 from ..registry import OPS
 from ..sbp import Split
-from ._flash import attend, grad_block, positions
+from ..executor import new_tensor
+from ..layout import Layout
+from ..random import next_key
+from ._flash import attend, dropper, grad_block, positions
 from .attention_ring import attention as ring_attention
 from ._rules import B, P, S, defop, sig, widen
 
 __all__ = ["attention", "zigzag_index"]
 
 
-def _meta(layouts, causal, scale, zigzag):
+def _meta(layouts, causal, scale, zigzag, dropout=0.0):
     q, k, v = layouts[:3]
     fn = "attention"
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -76,18 +81,30 @@ def _seq_pos(ctx, i: int, zigzag: int) -> np.ndarray:
     return positions(ctx.in_layouts[i].shape[-2], zigzag)[a:b]
 
 
-def _kernel(xp, q, k, v, causal, scale, zigzag, ctx):
+def _drop(xp, key, dropout, ctx, qi: int, ki: int, dtype):
+    """The kernel's dropout factors (None without dropout): see ``_flash.dropper``."""
+    if not dropout:
+        return None
+    ql, kl = ctx.in_layouts[qi], ctx.in_layouts[ki]
+    qr, kr = ctx.in_region(qi), ctx.in_region(ki)
+    return dropper(xp, (int(key[0]), int(key[1])), dropout, ql.shape[:-1] + (kl.shape[-2],),
+                   qr[:-2], qr[-2][0], kr[-2][0], dtype)
+
+
+def _kernel(xp, q, k, v, *key, causal, scale, zigzag, ctx, dropout=0.0):
+    drop = _drop(xp, key[0] if key else None, dropout, ctx, 0, 1, q.dtype)
     q, k, v = widen(xp, q, k, v)
     return attend(xp, q, k, v, _seq_pos(ctx, 0, zigzag), _seq_pos(ctx, 1, zigzag),
-                         causal, scale, q.dtype)
+                  causal, scale, q.dtype, drop)
 
 
-def _grad_kernel(xp, g, q, k, v, out, lse, causal, scale, zigzag, ctx):
+def _grad_kernel(xp, g, q, k, v, out, lse, *key, causal, scale, zigzag, ctx, dropout=0.0):
+    drop = _drop(xp, key[0] if key else None, dropout, ctx, 1, 2, q.dtype)
     g, q, k, v, out, lse = widen(xp, g, q, k, v, out, lse)
     dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
     delta = (g * out).sum(axis=-1)
     grad_block(xp, q, k, v, g, lse, delta, _seq_pos(ctx, 1, zigzag),
-                      _seq_pos(ctx, 2, zigzag), causal, scale, dq, dk, dv)
+               _seq_pos(ctx, 2, zigzag), causal, scale, dq, dk, dv, drop)
     return dq, dk, dv
 
 
@@ -132,23 +149,26 @@ def _ring_comm(layouts, axis, causal, **_):
     return (n - 1) * (max(fwd, send) + max(0.0, send_back - 2.5 * fwd))
 
 
-def _signatures(layouts, causal, scale, zigzag, mesh_axis=0):
+def _signatures(layouts, causal, scale, zigzag, dropout=0.0, mesh_axis=0):
     q = layouts[0]
     seq = q.ndim - 2
+    key = [B] * (len(layouts) - 3)  # the dropout key: every rank the same
     out = (B, B)
-    cands = [sig([B] * 3, out)]
-    cands += [sig([S(d)] * 3, (S(d), S(d))) for d in range(seq)]
-    cands.append(sig([S(seq), B, B], (S(seq), S(seq))))
+    cands = [sig([B] * 3 + key, out)]
+    cands += [sig([S(d)] * 3 + key, (S(d), S(d))) for d in range(seq)]
+    cands.append(sig([S(seq), B, B] + key, (S(seq), S(seq))))
     if _ring_axis(layouts) == mesh_axis:
-        cands.append(sig([S(seq)] * 3, (S(seq), S(seq)), composite=True, comm=_ring_comm))
+        cands.append(sig([S(seq)] * 3 + key, (S(seq), S(seq)), composite=True,
+                         comm=_ring_comm))
     return cands
 
 
 def _grad_signatures(layouts, **_):
     seq = layouts[1].ndim - 2
-    cands = [sig([B] * 6, (B, B, B))]
-    cands += [sig([S(d)] * 6, (S(d),) * 3) for d in range(seq)]
-    cands.append(sig([S(seq), S(seq), B, B, S(seq), S(seq)], (S(seq), P, P)))
+    key = [B] * (len(layouts) - 6)
+    cands = [sig([B] * 6 + key, (B, B, B))]
+    cands += [sig([S(d)] * 6 + key, (S(d),) * 3) for d in range(seq)]
+    cands.append(sig([S(seq), S(seq), B, B, S(seq), S(seq)] + key, (S(seq), P, P)))
     return cands
 
 
@@ -156,7 +176,7 @@ def _grad_meta(layouts, **_):
     return [(tuple(l.shape), l.dtype) for l in layouts[1:4]]
 
 
-def _composite(q, k, v, causal, scale, zigzag):
+def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0):
     """The ring: on its axis q, k, v stay split on the sequence; on the other axes a
     batch or head split the three share stays, a sequence split of q stays (k and v
     whole there) and anything else is made whole."""
@@ -176,20 +196,23 @@ def _composite(q, k, v, causal, scale, zigzag):
             w.append(e)
     q, k, v = [t if tuple(t.sbp) == tuple(w) else OPS.to_global(t, None, tuple(w))
                for t, w in zip((q, k, v), want)]
-    return ring_attention(attention.op, q, k, v, axis, causal, scale, zigzag)
+    return ring_attention(attention.op, q, k, v, axis, causal, scale, zigzag, dropout,
+                          key[0] if key else None)
 
 
 def _backward(ctx, g, g_lse):
+    none = (None,) * len(ctx.inputs)
     if g is None:
-        return None, None, None
-    q, k, v = ctx.inputs
+        return none
     out, lse = ctx.outputs
-    return ctx.op.grads["grad"](g, q, k, v, out, lse, **ctx.attrs)
+    return ctx.op.grads["grad"](g, *ctx.inputs[:3], out, lse, *ctx.inputs[3:],
+                                **ctx.attrs) + none[3:]
 
 
 @defop(kernel=_kernel, meta=_meta, signatures=_signatures, needs_ctx=True, n_outputs=2,
        composite=_composite, backward=_backward, flops=_flops, per_axis=True)
-def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: int = 0):
+def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: int = 0,
+              dropout: float = 0.0):
     """The attention core ``softmax(query @ key^T * scale) @ value`` (``query (..., L,
     E)``, ``key (..., S, E)``, ``value (..., S, Ev)``, typically (B, H, T, D)), fused:
     the (L, S) scores are never held whole, the backward recomputes them from the saved
@@ -198,7 +221,10 @@ def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: i
     as a ring over that mesh axis (or are turned into a head split, or have their keys
     gathered, as the cost model picks). ``zigzag=c``: the sequence is stored in the
     zig-zag order of ``c`` ranks (see :func:`zigzag_index`), so that causal work is
-    balanced when it is split ``c`` ways.
+    balanced when it is split ``c`` ways. ``dropout=p`` drops probabilities after the
+    softmax with the bits ``ct.rand_like(probabilities) >= p`` would give (one random call,
+    drawn block by block by logical position: the same mask on every layout, and the same
+    as the composite softmax-dropout-matmul).
 
     >>> y = ct.attention(q, k, v, causal=True)
     """
@@ -210,7 +236,21 @@ def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: i
     if isinstance(zigzag, bool) or not isinstance(zigzag, (int, np.integer)) or zigzag < 0:
         raise ValueError(f"attention: argument 'zigzag' must be an int >= 0 (0: the natural "
                          f"order), got {zigzag!r}")
-    return op(q, k, v, causal=bool(causal), scale=float(scale), zigzag=int(zigzag))[0]
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or \
+            not 0.0 <= dropout < 1.0:
+        raise ValueError(f"attention: argument 'dropout' must be a probability in [0, 1), "
+                         f"got {dropout!r}")
+    attrs = dict(causal=bool(causal), scale=float(scale), zigzag=int(zigzag))
+    if not dropout:
+        return op(q, k, v, **attrs)[0]
+    # the probabilities' dropout, drawn as ct.rand_like(probabilities) would draw it (one
+    # random call): its key travels as a tiny broadcast input (an attribute would make
+    # every call a new plan)
+    seed, call = next_key()
+    layout = Layout((2,), np.dtype(np.uint64), q.placement, (B,) * q.placement.ndim)
+    key_t = new_tensor(layout, lambda: {r: np.array([seed, call], np.uint64)
+                                        for r in q._shards})
+    return op(q, k, v, key_t, dropout=float(dropout), **attrs)[0]
 
 
 attention.op.grad_kernel("grad", _grad_kernel, meta=_grad_meta, signatures=_grad_signatures,

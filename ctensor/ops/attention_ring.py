@@ -32,7 +32,7 @@ from ..layout import Layout
 from ..registry import OPS
 from ..sbp import Broadcast, Partial, ReduceOp, Split
 from ..tensor import Tensor
-from ._flash import accumulate, finish, grad_block, new_state, positions
+from ._flash import accumulate, dropper, finish, grad_block, new_state, positions
 from ._rules import widen
 
 __all__ = []  # (used by ops/attention.py)
@@ -111,8 +111,18 @@ def _positions(layout: Layout, rank: int, zigzag: int) -> np.ndarray:
     return positions(layout.shape[-2], zigzag)[a:b]
 
 
+def _dropper(xp, key, dropout, ql: Layout, kl: Layout, rank: int, owner: int, dtype):
+    """Rank ``rank``'s dropout factors against ``owner``'s key block (None without)."""
+    if not dropout:
+        return None
+    qr, kr = ql.region(rank), kl.region(owner)
+    k = key._shards[rank]
+    return dropper(xp, (int(k[0]), int(k[1])), dropout, ql.shape[:-1] + (kl.shape[-2],),
+                   qr[:-2], qr[-2][0], kr[-2][0], dtype)
+
+
 def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, scale: float,
-              zigzag: int):
+              zigzag: int, dropout: float = 0.0, key=None):
     """``(output, lse)`` of the ring along mesh ``axis`` (q, k, v already laid out for it)."""
     ql, kl, vl = q._layout, k._layout, v._layout
     e, ev = k.shape[-1], v.shape[-1]
@@ -120,7 +130,7 @@ def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, s
     lse_l = Layout(q.shape[:-1], q.dtype, ql.placement, ql.sbp)
     n = ql.placement.shape[axis]
     block_l = _block_layout(kl, e + ev)
-    attrs = dict(causal=causal, scale=scale, zigzag=zigzag)
+    attrs = dict(causal=causal, scale=scale, zigzag=zigzag, dropout=dropout)
     if _trace.active:  # the work: every query block against every key block
         _trace.op(opdef, (ql, _whole_keys(kl, axis), _whole_keys(vl, axis)), (out_l, lse_l),
                   attrs, ("ring", ql, kl, vl, axis))
@@ -141,8 +151,8 @@ def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, s
                 owner = group[(group.index(r) - s) % n]
                 b = blocks[r]
                 accumulate(xp, state, qs[r], b[..., :e], b[..., e:],
-                                  _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
-                                  causal, scale)
+                           _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
+                           causal, scale, _dropper(xp, key, dropout, ql, kl, r, owner, q.dtype))
             if wait is not None:
                 blocks = wait()
         done = {r: finish(xp, st) for r, st in states.items()}
@@ -161,17 +171,18 @@ def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, s
         context.op_stack.pop()
     saved = tuple(t.detach() for t in (q, k, v, out, lse))
     autograd.record(opdef.name, [q, k, v], [out, lse],
-                    lambda grads: _backward(opdef, grads[0], *saved, axis, attrs))
+                    lambda grads: _backward(opdef, grads[0], *saved, axis, attrs, key))
     return out, lse
 
 
-def _backward(opdef, g, q, k, v, out, lse, axis, attrs):
+def _backward(opdef, g, q, k, v, out, lse, axis, attrs, key=None):
     if g is None:
         return None, None, None
     ql, kl, vl = q._layout, k._layout, v._layout
     if g._layout.sbp != out._layout.sbp:
         g = OPS.to_global(g, None, out._layout.sbp)
-    causal, scale, zigzag = attrs["causal"], attrs["scale"], attrs["zigzag"]
+    causal, scale, zigzag, dropout = (attrs[a] for a in ("causal", "scale", "zigzag",
+                                                        "dropout"))
     e, ev = kl.shape[-1], vl.shape[-1]
     n = ql.placement.shape[axis]
     kv_l, grad_l = _block_layout(kl, e + ev), _block_layout(kl, e + ev)
@@ -201,8 +212,9 @@ def _backward(opdef, g, q, k, v, out, lse, axis, attrs):
                 owner = group[(group.index(r) - back) % n]
                 b, d = blocks[r], grads[r]
                 grad_block(xp, qs[r], b[..., :e], b[..., e:], gs[r], ls[r], delta[r],
-                                  _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
-                                  causal, scale, dq[r], d[..., :e], d[..., e:])
+                           _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
+                           causal, scale, dq[r], d[..., :e], d[..., e:],
+                           _dropper(xp, key, dropout, ql, kl, r, owner, ql.dtype))
             grad_wait = _Shift(grad_l, axis, back, -1).run(comm, grads)  # the last: home
             if kv_wait is not None:
                 blocks = kv_wait()
