@@ -287,8 +287,10 @@ class MPICommunicator(NonblockingExchange, Communicator):
             counts = [0 if i == mine else buf.nbytes for i in range(2)]
             req = channel.data.Ialltoallv([_bytes(buf), counts, [0, 0], BYTE],
                                           [recv.reshape(-1).view(np.uint8), counts, [0, 0], BYTE])
+            # (added in member order on both ranks: the same bits, NaN payloads included)
+            first, second = (buf, recv) if mine == 0 else (recv, buf)
             return self._started([req], call, channel,
-                                 lambda: {self.rank: np.add(buf, recv, out=out)})
+                                 lambda: {self.rank: np.add(first, second, out=out)})
         req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
         return self._started([req], call, channel, lambda: {self.rank: out})
 
@@ -399,7 +401,8 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                       [recv.reshape(-1).view(np.uint8), recvs, [0, 0], BYTE])
 
         def result(send=send) -> dict:  # (the send buffer alive until the data moved)
-            np.add(pieces[me], recv, out=out)
+            first, second = (pieces[me], recv) if me == 0 else (recv, pieces[me])
+            np.add(first, second, out=out)  # member order, as the all-reduce
             return {self.rank: out}
 
         return self._started([req], call, channel, result)
