@@ -153,7 +153,10 @@ def check_picture_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> 
 
 
 def config_name(a) -> str:
-    return f"{a.dp}x{a.tp}x{a.pp}_{a.global_batch}_{a.hidden}x{a.layers}"
+    """``dp x tp x pp _ batch _ hidden x layers``, then ``_cp N`` / ``_moe E`` (``_ep N``)."""
+    extra = (f"_cp{a.cp}" if a.cp > 1 else "") + \
+        (f"_moe{a.moe_experts}" + (f"ep{a.ep}" if a.ep > 1 else "") if a.moe_experts else "")
+    return f"{a.dp}x{a.tp}x{a.pp}_{a.global_batch}_{a.hidden}x{a.layers}{extra}"
 
 
 def parameter_count(h: int, l: int, vocab: int, seq: int) -> int:
