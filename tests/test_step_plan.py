@@ -42,20 +42,23 @@ def _collectives(log):
     return [e for e in log if e.collective not in _LOCAL]
 
 
-def _hand_bytes(batch=4, seq=8, dim=16, vocab=32, layers=LAYERS, norms=True):
+def _hand_bytes(batch=4, seq=8, dim=16, vocab=32, layers=LAYERS, data=1, shards=0):
     """Bytes per rank of one forward + backward with Megatron's placement (the comm log's
     convention: an all-reduce counts its buffer): the embedding's reduction, one all-reduce
     after each row-parallel linear (2L) forward, one into each norm's input (2L + 1) and the
     head input's gradient backward, the vocabulary-parallel loss's 3 row statistics, and
-    the bucket of the replicated (norm) weights' gradients."""
-    activation = batch * seq * dim * 8
+    the bucket of the replicated (norm) weights' gradients. With ``data`` > 1 (a (data,
+    tensor) mesh) each rank holds 1/data of the batch and the bucket every parameter's
+    shard (``shards`` bytes per rank)."""
+    activation = batch * seq * dim * 8 // data
     reductions = 1 + 2 * layers + (2 * layers + 1) + 1
-    return reductions * activation + 3 * batch * seq * 8 + (2 * layers + 1) * dim * 8
+    bucket = shards if data > 1 else (2 * layers + 1) * dim * 8
+    return reductions * activation + 3 * batch * seq * 8 // data + bucket
 
 
-def _steps(build, rules, mesh_shape, batch_dim, n):
+def _steps(build, rules, mesh_shape, batch_dim, n, sizes=None):
     """``n`` forward + backward steps of ``build`` on a mesh; per step the loss, the
-    gradients and the comm log."""
+    gradients and the comm log (``sizes``: a dict given the parameters' bytes per rank)."""
     arrays = programs.llama_batch()
     ctensor.manual_seed(0)
     model = build(*CT)
@@ -66,6 +69,8 @@ def _steps(build, rules, mesh_shape, batch_dim, n):
     if batch_dim is not None:
         sbp[0] = S(batch_dim)
     inputs = [ctensor.tensor(a).to_global(mesh, tuple(sbp)) for a in arrays]
+    if sizes is not None:
+        sizes["shards"] = sum(p._layout.local_nbytes(0) for p in model.parameters())
     out = []
     for _ in range(n):
         with ctensor.debug.comm_log() as log:
@@ -91,12 +96,15 @@ def _check(build, rules, mesh_shape, batch_dim, most=4 * LAYERS + 6):
     ref = _reference(build)
     with float64(), world(int(np.prod(mesh_shape))):
         ctensor.step_plan(True, always=True)
-        runs = _steps(build, rules, mesh_shape, batch_dim, WARMUP + 2)
+        sizes = {}
+        runs = _steps(build, rules, mesh_shape, batch_dim, WARMUP + 2, sizes)
         report = ctensor.debug.step_plan()
     *_, (loss, grads, log), (loss2, _, log2) = runs
     assert report.replayed >= 2, report.summary()
     assert len(_collectives(log)) <= most, log.summary()
-    assert log.total_bytes <= 1.2 * _hand_bytes(), log.summary()
+    hand = _hand_bytes() if len(mesh_shape) == 1 else _hand_bytes(data=mesh_shape[0],
+                                                                   shards=sizes["shards"])
+    assert log.total_bytes <= 1.2 * hand, (hand, log.summary())
     # every replayed step issues the same collectives
     assert [(e.op, e.collective, e.shape) for e in _collectives(log)] == \
         [(e.op, e.collective, e.shape) for e in _collectives(log2)]
