@@ -2,16 +2,20 @@
 
 A ~512 MiB state (8 float32 tensors, split over the ranks) and a "training step": a
 forward of 128 rows through each tensor as a weight, then every tensor updated in place
-(``mul_``, as an optimizer step does). Measured in one run, medians of ``--repeat``:
+(``mul_``, as an optimizer step does), and the step's loss on every rank (one all-reduce).
+Measured in one run, medians of ``--repeat``:
 
 * **the stall of an asynchronous save**: a loop of steps (about twice a save's time) with
   ``ct.save(state, path, async_op=True)`` before its first step and ``handle.poll()`` after
   each, against the same loop without the save, run just before; the difference, against
-  the time of a synchronous ``ct.save`` of the same state (target: <= 15%);
-* **throughput** in MB/s: ``ct.save`` (XXH3-64 and fsync of every file, direct I/O, the commit) and
-  ``ct.load`` (every file verified) against ``np.save`` / ``np.load`` of the same arrays, one
-  file each (``np.save`` does not fsync: the row with fsync is given too; the loads read
-  files written with fsync and dropped from the page cache, as ``ct.save`` leaves its own).
+  the time of a synchronous ``ct.save`` of the same state (target: <= 15%); and two parts
+  of it that a loaded machine moves less: the calling thread's time blocked in the save's
+  calls, and the extra CPU time of the process (copies, checksums, writes);
+* **throughput** in MB/s: ``ct.save`` (XXH3-64 and fsync of every file, direct I/O, the
+  commit) and ``ct.load`` (every file verified) against ``np.save`` / ``np.load`` of the
+  same arrays, one file each (``np.save`` does not fsync: the row with fsync is given too;
+  the loads read files written with fsync and dropped from the page cache, as ``ct.save``
+  leaves its own).
 
 It checks what it times: the asynchronous checkpoint, loaded, holds the values of the
 moment of the save although the loop changed them meanwhile. ``--quick``: 8 MiB, one repeat.
@@ -43,12 +47,18 @@ def make_state(mib: int) -> dict:
             for i in range(N_TENSORS)}
 
 
-def train_step(state: dict, x) -> None:
+def train_step(state: dict, x) -> float:
     """A linear layer's forward over ``x`` with each weight (compute), then the weight
-    updated in place, as an optimizer step updates every parameter (memory)."""
+    updated in place, as an optimizer step updates every parameter (memory); the step's
+    "loss" (the forwards' sum) on every rank, one all-reduce: as the gradients' all-reduce
+    of a data-parallel step, it makes every rank wait for the slowest each step (without
+    it, the save's per-step exchange in ``poll()`` would be the loop's only one)."""
+    loss = None
     for t in state.values():
-        (x @ t.T).sum()
+        part = (x @ t.T).sum()
+        loss = part if loss is None else loss + part
         t.mul_(0.9999)
+    return float(loss)
 
 
 def fingerprint(state: dict) -> list:
@@ -175,13 +185,16 @@ def run(args, directory: str) -> None:
     t_np_save, t_np_fsync, t_np_load = numpy_side(state, directory, args.repeat)
     x = ct.randn(128, COLUMNS, dtype=np.float32)  # the step's input, on every rank
     t_step = median_time(lambda: train_step(state, x), 3)
-    loop = max(3, int(np.ceil(2 * t_save / t_step)))  # steps: about twice a save's time
+    loop = max(3, int(np.ceil(2 * t_save / t_step)))  # steps: about twice a save's time,
+    if ct.world_size() > 1:                            # the same count on every rank
+        loop = max(ct.runtime.world().exchange({ct.rank(): loop}))
     a = async_stall(state, x, async_path, args.repeat, loop)
     if ct.rank() != 0:
         return
     print(f"state: {mb:,.0f} MB in {N_TENSORS} float32 tensors, split over {ct.world_size()} "
           f"rank(s); a training step (a forward of 128 rows through each, then mul_ of each "
-          f"in place) takes {t_step * 1e3:.0f} ms; medians of {args.repeat}")
+          f"in place, the loss all-reduced) takes {t_step * 1e3:.0f} ms; medians of "
+          f"{args.repeat}")
     print(f"{'':34s} {'seconds':>8s} {'MB/s':>8s} {'vs numpy':>9s}  (save: vs np.save + fsync)")
     rows = [("np.save (no fsync)", t_np_save, None), ("np.save + fsync", t_np_fsync, None),
             ("ct.save (XXH3, fsync, commit)", t_save, t_np_fsync),
