@@ -124,6 +124,7 @@ class _Bucket:
         self.members: list = []  # (leaf, grad tensor, target layout)
         self.nbytes = 0
         self.pending = None
+        self.reduced = None  # finish()'s result, once taken during the backward
 
     def add(self, leaf, grad, target: Layout, dim=None) -> None:
         """Add a gradient; ``dim``: the dim a reduce-scatter splits (members may differ)."""
@@ -248,9 +249,18 @@ class Synchronizer:
         self.started.append(bucket)
 
     def progress(self) -> None:
-        """Let started reductions advance (backends that progress only when called)."""
+        """Let started reductions advance (backends that progress only when called), and
+        unpack each one that has completed at once: its sum (a two-member all-reduce adds
+        the swapped inputs when waited on) and views then run while the buffers are warm,
+        inside the backward, instead of all at its end."""
         for bucket in self.started:
-            bucket.pending.test()
+            if bucket.reduced is None and bucket.pending.test():
+                unpacks = _profile.on and _profile.enter(_profile.BOXING, "grad_sync wait")
+                try:
+                    bucket.reduced = bucket.finish()
+                finally:
+                    if unpacks:
+                        _profile.leave()
 
     def finish(self) -> None:
         """Start the remaining buckets, wait for all, and set every ``leaf.grad``."""
@@ -260,7 +270,7 @@ class Synchronizer:
         unpacks = _profile.on and _profile.enter(_profile.BOXING, "grad_sync wait")
         try:
             for bucket in self.started:
-                results += bucket.finish()
+                results += bucket.reduced if bucket.reduced is not None else bucket.finish()
         finally:
             if unpacks:
                 _profile.leave()
