@@ -371,9 +371,17 @@ def _follows(plan: _Plan, pos: int, call: Call) -> bool:
     rec = plan.calls[pos]
     if rec.opdef is not call.opdef or rec.req != call.req or rec.attrs_key != call.attrs_key:
         return False
-    if not all(a is b for a, b in zip(call.layouts, plan.expected[pos])):
+    if not all(a is b or _alike(a, b) for a, b in zip(call.layouts, plan.expected[pos])):
         return False
     return plan.sources[pos] == _sources(_state.values, call.inputs)
+
+
+def _alike(a, b) -> bool:
+    """Whether layouts ``a`` and ``b`` hold the same data: they differ at most on mesh axes
+    of one rank (where split, broadcast and partial are one; the per-op choice may label such
+    an axis otherwise than the plan)."""
+    return a.shape == b.shape and a.dtype == b.dtype and a.placement == b.placement and \
+        all(x == y or n == 1 for x, y, n in zip(a.sbp, b.sbp, a.placement.shape))
 
 
 def _sources(values: list, inputs: tuple) -> tuple:

@@ -113,6 +113,10 @@ def options_of(call) -> tuple:
     recorded = tuple(_recorded_pick(cands, axis, call) for axis, cands in enumerate(axis_cands))
     if None in recorded:
         return [Option(None, None, layouts, call.outs, 0.0)], 0
+    mesh = layouts[0].placement.shape
+    if 1 in mesh:  # (an axis of one rank: every signature holds the same data; keep its label)
+        axis_cands = [c if n > 1 else [c[r]] for c, n, r in zip(axis_cands, mesh, recorded)]
+        recorded = tuple(r if n > 1 else 0 for n, r in zip(mesh, recorded))
     sizes = [len(c) for c in axis_cands]
     if int(np.prod(sizes)) <= _MAX_OPTIONS:
         combos = itertools.product(*[range(s) for s in sizes])
