@@ -581,8 +581,9 @@ _observed_deposit_fn = _observed_deposit(_plain_deposit)
 
 
 def _install(on: bool) -> None:
-    """Observe ``dispatch.apply`` only while step planning is on: off, every op calls the
-    plain one (the wrapper's call and tests cost ~0.1-0.2 us per op, benchmarks/dispatch.py)."""
+    """Observe ``dispatch.apply`` (and the gradients' deposits) only while step planning is
+    on: off, every op calls the plain one (the wrapper's call and tests cost ~0.1-0.2 us per
+    op, benchmarks/dispatch.py)."""
     dispatch.apply = _observed_apply if on else _plain_apply
     gradsync.Synchronizer.deposit = _observed_deposit_fn if on else _plain_deposit
 

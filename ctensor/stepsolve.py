@@ -42,7 +42,7 @@ import numpy as np
 from . import boxing
 from . import cost as cost_model
 from .choice import _PINNED
-from .gradsync import _reduction
+from .gradsync import _reduction, bucket_size
 from .layout import Layout
 from .sbp import Broadcast, partial_sum
 
@@ -261,13 +261,14 @@ class _Sync:
         for v, target in deposits:
             self.target.setdefault(v, target)
         self._keys: dict = {}
+        self.buckets = bucket_size() > 0  # (0: every gradient reduced on its own)
 
     def key(self, src, dst):
         """``(placement, dtype, kind, group size, reduced axes)`` of the bucket ``src``
         joins, or None (boxed on its own)."""
         hit = self._keys.get((src, dst), False)
         if hit is False:
-            plan = _reduction(src, dst) if src is not dst else None
+            plan = _reduction(src, dst) if src is not dst and self.buckets else None
             hit = None
             if plan is not None:
                 axes, scatter = plan
