@@ -165,7 +165,9 @@ def main() -> None:
     own = args.dir is None
     directory = tempfile.mkdtemp(prefix="ctensor-ckpt-bench-") if own else args.dir
     if ct.world_size() > 1:  # every rank writes into rank 0's directory
-        directory = ct.runtime.world().exchange({ct.rank(): directory})[0]
+        mine, directory = directory, ct.runtime.world().exchange({ct.rank(): directory})[0]
+        if own and mine != directory:
+            os.rmdir(mine)  # (empty: made by this rank's mkdtemp)
     os.makedirs(directory, exist_ok=True)
     try:
         run(args, directory)
