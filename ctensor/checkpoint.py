@@ -344,6 +344,15 @@ class _Verifier:
         self.verified.add(name)
 
 
+def _replaced(directory: str) -> str:
+    """``directory``, or, when a save was stopped between its two renames (the old checkpoint
+    moved aside, the new one not yet in place), the old checkpoint where it was moved."""
+    old = directory + OLD_SUFFIX
+    if not os.path.exists(directory) and os.path.isfile(os.path.join(old, MARKER)):
+        return old
+    return directory
+
+
 def _read_metadata(directory: str) -> tuple:
     """The metadata and the per-file checksums (None for a version-1 checkpoint)."""
     if not os.path.exists(directory):
@@ -515,7 +524,7 @@ def load(path: Union[str, os.PathLike], placement: Optional[Placement] = None, s
     if device is not None and placement is not None and placement.device != device:
         raise ValueError(f"load: map_location={map_location!r} and a placement on "
                          f"{placement.device!r} disagree; give one of them")
-    directory = os.path.abspath(os.fspath(path))
+    directory = _replaced(os.path.abspath(os.fspath(path)))
     placement = placement or Placement.all(device)
     error, result = None, None
     try:

@@ -152,6 +152,23 @@ def test_overwrite_is_atomic_and_leftovers_are_ignored(ckpt_dir):
         ["COMPLETE", "metadata.json"]
 
 
+def test_a_save_stopped_between_its_renames_loads_the_old_checkpoint(ckpt_dir):
+    # the commit renames path -> path.ctensor-old, then the new one into path: killed
+    # between the two, path is missing and the old checkpoint is where it was moved
+    path = os.path.join(ckpt_dir, "between")
+    ct.save({"x": ct.tensor(A)}, path)
+    barrier()
+    if ct.rank() == 0:
+        os.rename(path, path + ".ctensor-old")
+        os.makedirs(path + ".ctensor-tmp")  # the new one, not yet in place
+    barrier()
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), A)
+    barrier()
+    ct.save({"x": ct.tensor(3 * A)}, path)  # the next save completes the replacement
+    np.testing.assert_array_equal(ct.load(path)["x"].numpy(), 3 * A)
+    assert not os.path.exists(path + ".ctensor-old")
+
+
 def test_missing_and_incomplete_checkpoints(ckpt_dir):
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
         ct.load(os.path.join(ckpt_dir, "nothing-here"))
