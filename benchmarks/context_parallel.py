@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 from typing import Optional
 
@@ -227,18 +226,6 @@ def _close(name, got, want, rtol):
     return err
 
 
-def timed(steps: dict, repeats: int, comm) -> dict:
-    """Median seconds per step of each (slowest rank), interleaved round by round."""
-    times: dict = {name: [] for name in steps}
-    for fn in steps.values():
-        fn()
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            barrier(comm)
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
 
 
 def main(argv: Optional[list] = None) -> None:
@@ -299,7 +286,7 @@ def main(argv: Optional[list] = None) -> None:
     steps = {"cp": cp.step, "one": one.step, "hand": hand.step}
     if zz is not None:
         steps["zigzag"] = zz.step
-    times = timed(steps, args.repeats, comm)
+    times = harness.interleaved(steps, args.repeats, comm, barrier=barrier)
     if r == 0:
         report(args, n, times, errors, log, mem_cp, mem_one)
 

@@ -14,7 +14,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 
 def positive_int(text: str) -> int:
@@ -72,6 +72,26 @@ def slowest_median(fn: Callable[[], object], repeats: int, comm) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return comm.allreduce(statistics.median(times), op=MPI.MAX)
+
+
+def interleaved(steps: dict, repeats: int, comm, warmup: int = 1,
+                barrier: Optional[Callable] = None) -> dict:
+    """Median seconds per step of each of ``steps`` (name -> function), the slowest rank's,
+    run interleaved: every round runs each once, so a slower phase of the machine hits all
+    alike. ``warmup`` untimed rounds first (plans, signature caches, connections); each
+    timed call starts together on every rank (``barrier(comm)``, default ``comm.Barrier``)."""
+    from mpi4py import MPI
+    times: dict = {name: [] for name in steps}
+    for _ in range(warmup):
+        for fn in steps.values():
+            fn()
+    for _ in range(repeats):
+        for name, fn in steps.items():
+            barrier(comm) if barrier is not None else comm.Barrier()
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
 
 
 def free_port(comm) -> int:

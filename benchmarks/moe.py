@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
-import time
 from typing import Optional
 
 import harness
@@ -359,19 +357,6 @@ def check(got, want, comm, rtol: float, names=("loss", "aux loss", "router grad"
     return worst
 
 
-def timed(steps: dict, repeats: int, comm) -> dict:
-    """Median seconds per step (slowest rank), interleaved rounds."""
-    times: dict = {name: [] for name in steps}
-    for fn in steps.values():
-        fn()
-        fn()
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            comm.Barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
 
 
 def main(argv: Optional[list] = None) -> None:
@@ -410,11 +395,13 @@ def main(argv: Optional[list] = None) -> None:
     stats = ours.moe.stats
     with ct.debug.comm_log() as log:
         ours.step()
-    times = timed({"by hand": hand.step, "ctensor": ours.step}, args.repeats, comm)
+    times = harness.interleaved({"by hand": hand.step, "ctensor": ours.step}, args.repeats,
+                                comm, warmup=2)
     gpt_hand, gpt_ours, gpt_worst = gpt_compare(args, comm)
     with ct.debug.comm_log() as gpt_log:
         gpt_ours.step()
-    gpt_times = timed({"by hand": gpt_hand.step, "ctensor": gpt_ours.step}, args.repeats, comm)
+    gpt_times = harness.interleaved({"by hand": gpt_hand.step, "ctensor": gpt_ours.step},
+                                    args.repeats, comm, warmup=2)
     if comm.rank == 0:
         ratio = times["ctensor"] / times["by hand"]
         print(f"MoE layer step, EP {n}: {g} sequences x {s} tokens, d={d}, {e} experts of "

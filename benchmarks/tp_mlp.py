@@ -23,8 +23,6 @@ hand-placed optimum: one all-reduce of T*H*itemsize bytes. One BLAS thread per r
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from typing import Optional
 
 import harness
@@ -178,20 +176,6 @@ def check(name: str, got, want, mine: slice, rtol: float, comm) -> float:
     return worst
 
 
-def timed(steps: dict, repeats: int, comm) -> dict:
-    """Median seconds per step of each implementation (slowest rank), run interleaved:
-    every round runs each once, so a slower phase of the machine hits all alike."""
-    times: dict = {name: [] for name in steps}
-    for fn in steps.values():  # warm-up: plans, signature caches, gloo connections
-        fn()
-        fn()
-    for _ in range(repeats):
-        for name, fn in steps.items():
-            comm.Barrier()
-            t0 = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t0)
-    return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
 
 
 def main(argv: Optional[list] = None) -> None:
@@ -231,7 +215,7 @@ def main(argv: Optional[list] = None) -> None:
         counts["DTensor"] = peer.collectives()
         layouts["DTensor"] = peer.grad_layouts()
         steps["DTensor"] = peer.step
-    times = timed(steps, args.repeats, comm)
+    times = harness.interleaved(steps, args.repeats, comm)
     if comm.rank == 0:
         report(args, n, times, diffs, counts, layouts, log, t * h * dtype.itemsize)
 
