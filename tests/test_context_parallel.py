@@ -257,15 +257,16 @@ _REFERENCE: dict = {}
 @pytest.mark.parametrize("layout, dropout", [
     (("--cp", "2"), "0"), (("--cp", "2"), "0.1"), (("--dp", "2", "--cp", "2"), "0.1"),
     (("--cp", "2", "--tp", "2"), "0"), (("--dp", "2", "--cp", "2") + _SELECTIVE_FSDP, "0"),
-    (("--cp", "2", "--pp", "2"), "0.1")],
+    (("--cp", "2", "--pp", "2"), "0.1"), (("--cp", "2", "--tp", "2", "--sp"), "0.1")],
     ids=["cp2", "cp2-dropout", "dp2xcp2-dropout", "cp2xtp2", "dp2xcp2-recompute-fsdp",
-         "cp2xpp2-dropout"])
+         "cp2xpp2-dropout", "cp2xtp2-sp-dropout"])
 def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     """examples/gpt/train.py --cp: the sequence split on a mesh axis of its own, the
     parameters broadcast on it (their gradients reduced over it and the data axis): the
     loss curve of one process (float64; the attention's dropout draws one process's mask
-    inside the ring); with selective recompute and FSDP on the data axis too, and with
-    pipeline stages (the sequence-split activations sent between them)."""
+    inside the ring); with selective recompute and FSDP on the data axis too, with
+    pipeline stages (the sequence-split activations sent between them), and with sequence
+    parallel on the tensor axis (the residual stream's sequence split on both axes)."""
     sizes = [int(layout[i + 1]) for i, w in enumerate(layout)
              if w in ("--dp", "--cp", "--tp", "--pp")]
     size = int(np.prod(sizes))

@@ -84,9 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if a.hidden % a.heads or a.heads % a.tp:
         problems.append(f"--hidden {a.hidden} must be a multiple of --heads {a.heads}, and "
                         f"--heads of --tp {a.tp} (whole heads per rank)")
-    if a.cp > 1 and (a.sp or a.seq_len < a.cp):
+    if a.cp > 1 and a.seq_len < a.cp:
         problems.append(f"--cp {a.cp} splits the sequence on its own mesh axis: it needs "
-                        f"--seq-len >= --cp (got {a.seq_len}) and no --sp")
+                        f"--seq-len >= --cp (got {a.seq_len})")
     if a.global_batch % (a.micro_batches * a.dp):
         problems.append(f"--global-batch {a.global_batch} must be a multiple of "
                         f"--micro-batches {a.micro_batches} x --dp {a.dp}")

@@ -431,9 +431,9 @@ def check_pipeline_options(a, prog: str = "train.py") -> None:
     if a.sp and a.tp < 2:
         raise SystemExit(f"{prog}: --sp splits the sequence over the tensor-parallel ranks "
                          f"and needs --tp > 1 (got --tp {a.tp})")
-    if a.cp > 1 and (a.sp or a.seq_len < a.cp):
+    if a.cp > 1 and a.seq_len < a.cp:
         raise SystemExit(f"{prog}: --cp {a.cp} splits the sequence over its own mesh axis: "
-                         f"it needs --seq-len >= --cp (got {a.seq_len}) and no --sp")
+                         f"it needs --seq-len >= --cp (got {a.seq_len})")
     if a.moe_experts and a.moe_top_k > a.moe_experts:
         raise SystemExit(f"{prog}: --moe-top-k {a.moe_top_k} > --moe-experts "
                          f"{a.moe_experts}: a token picks among the experts there are")
