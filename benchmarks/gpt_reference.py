@@ -60,6 +60,32 @@ def _gelu_back(xp, x, t, dy):
                  + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3 * 0.044715 * x * x))
 
 
+def attention_back(xp, p, pre: str, grads: dict, cache: tuple, dx1, n_head: int):
+    """The backward of a block's attention half, ``x + proj(attn(ln_1(x)))``, given the
+    gradient ``dx1`` of its output: the gradient of ``x``; the parameters' gradients go into
+    ``grads`` under ``pre`` (``p(name)`` reads a parameter of the block). ``cache``:
+    ``(h, ln1, q, k, v, att, y)`` of the forward."""
+    h, ln1, q, k, v, att, y = cache
+    b, t, c = h.shape
+    hd = c // n_head
+    scale = 1.0 / math.sqrt(hd)
+    dy, grads[pre + "attn.proj.weight"], grads[pre + "attn.proj.bias"] = \
+        _linear_back(xp, y, p("attn.proj.weight"), dx1)
+    dy = dy.reshape(b, t, n_head, hd).transpose(0, 2, 1, 3)
+    datt = dy @ v.transpose(0, 1, 3, 2)
+    dv = att.transpose(0, 1, 3, 2) @ dy
+    ds = att * (datt - (datt * att).sum(-1, keepdims=True)) * scale
+    dq, dk = ds @ k, ds.transpose(0, 1, 3, 2) @ q
+    dh = 0
+    for name, dpart in (("query", dq), ("key", dk), ("value", dv)):
+        dpart = dpart.transpose(0, 2, 1, 3).reshape(b, t, c)
+        dhp, grads[pre + f"attn.{name}.weight"], grads[pre + f"attn.{name}.bias"] = \
+            _linear_back(xp, h, p(f"attn.{name}.weight"), dpart)
+        dh = dh + dhp
+    dx0, grads[pre + "ln_1.weight"], grads[pre + "ln_1.bias"] = _ln_back(xp, ln1, dh)
+    return dx1 + dx0
+
+
 def step(xp, params: dict, idx, targets, n_layer: int, n_head: int):
     """Loss and gradients (same keys as ``params``) of one forward + backward."""
     wte, wpe = params["wte.weight"], params["wpe.weight"]
@@ -117,22 +143,8 @@ def step(xp, params: dict, idx, targets, n_layer: int, n_head: int):
         dh2, grads[pre + "mlp.fc.weight"], grads[pre + "mlp.fc.bias"] = \
             _linear_back(xp, h2, p("mlp.fc.weight"), df)
         dx1_ln, grads[pre + "ln_2.weight"], grads[pre + "ln_2.bias"] = _ln_back(xp, ln2, dh2)
-        dx1 = dx + dx1_ln
-        dy, grads[pre + "attn.proj.weight"], grads[pre + "attn.proj.bias"] = \
-            _linear_back(xp, y, p("attn.proj.weight"), dx1)
-        dy = dy.reshape(b, t, n_head, hd).transpose(0, 2, 1, 3)
-        datt = dy @ v.transpose(0, 1, 3, 2)
-        dv = att.transpose(0, 1, 3, 2) @ dy
-        ds = att * (datt - (datt * att).sum(-1, keepdims=True)) * scale
-        dq, dk = ds @ k, ds.transpose(0, 1, 3, 2) @ q
-        dh = 0
-        for name, dpart in (("query", dq), ("key", dk), ("value", dv)):
-            dpart = dpart.transpose(0, 2, 1, 3).reshape(b, t, c)
-            dhp, grads[pre + f"attn.{name}.weight"], grads[pre + f"attn.{name}.bias"] = \
-                _linear_back(xp, h, p(f"attn.{name}.weight"), dpart)
-            dh = dh + dhp
-        dx0, grads[pre + "ln_1.weight"], grads[pre + "ln_1.bias"] = _ln_back(xp, ln1, dh)
-        dx = dx1 + dx0
+        dx = attention_back(xp, p, pre, grads, (h, ln1, q, k, v, att, y), dx + dx1_ln,
+                            n_head)
     if head is wte:
         dwte = dhead
     else:

@@ -43,7 +43,8 @@ from mpi4py import MPI  # noqa: E402
 
 import ctensor as ct  # noqa: E402
 from ctensor import nn  # noqa: E402
-from gpt_reference import _gelu, _gelu_back, _linear, _linear_back, _ln, _ln_back  # noqa: E402
+from gpt_reference import (_gelu, _gelu_back, _linear, _ln, _ln_back,  # noqa: E402
+                           attention_back)
 from harness import add_quick, positive_int, settle  # noqa: E402
 
 TARGET = 1.2  # ctensor's step time / the hand-written one's
@@ -229,22 +230,8 @@ class GPTByHand:
                 grads[pre + "mlp.w2"] = self.moes[i].backward(moe_cache, dx)
             dx1_ln, grads[pre + "ln_2.weight"], grads[pre + "ln_2.bias"] = \
                 _ln_back(xp, ln2, dh2)
-            dx1 = dx + dx1_ln
-            dy, grads[pre + "attn.proj.weight"], grads[pre + "attn.proj.bias"] = \
-                _linear_back(xp, y, p("attn.proj.weight"), dx1)
-            dy = dy.reshape(b, t, nh, hd).transpose(0, 2, 1, 3)
-            datt = dy @ v.transpose(0, 1, 3, 2)
-            dv = att.transpose(0, 1, 3, 2) @ dy
-            ds = att * (datt - (datt * att).sum(-1, keepdims=True)) * scale
-            dq, dk = ds @ k, ds.transpose(0, 1, 3, 2) @ q
-            dh = 0
-            for name, dpart in (("query", dq), ("key", dk), ("value", dv)):
-                dpart = dpart.transpose(0, 2, 1, 3).reshape(b, t, c)
-                dhp, grads[pre + f"attn.{name}.weight"], grads[pre + f"attn.{name}.bias"] = \
-                    _linear_back(xp, h, p(f"attn.{name}.weight"), dpart)
-                dh = dh + dhp
-            dx0, grads[pre + "ln_1.weight"], grads[pre + "ln_1.bias"] = _ln_back(xp, ln1, dh)
-            dx = dx1 + dx0
+            dx = attention_back(xp, p, pre, grads, (h, ln1, q, k, v, att, y), dx + dx1_ln,
+                                nh)
         dwte = np.zeros_like(wte)
         np.add.at(dwte, idx.reshape(-1), dx.reshape(n, c))
         grads["wte.weight"] = dwte
