@@ -166,15 +166,6 @@ def record(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable
     _link(Node(name, [_edge(t) for t in inputs], backward_fn, len(outputs)), outputs)
 
 
-def attach(name: str, inputs: Sequence, outputs: Sequence, backward_fn: Callable) -> None:
-    """:func:`record` for a caller that knows grad mode is on and some input (all of them
-    tensors) requires grad (dispatch: the hot path)."""
-    edges = []
-    for t in inputs:
-        edges.append(None if not t.requires_grad else t if t._node is None else Edge(t))
-    _link(Node(name, edges, backward_fn, len(outputs)), outputs)
-
-
 def _link(node: Node, outputs: Sequence) -> None:
     """Make ``node`` the producer of each floating output (None: an output not made)."""
     for i, out in enumerate(outputs):

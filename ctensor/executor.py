@@ -245,8 +245,11 @@ def execute(opdef, plan, tensors, attrs: dict) -> tuple:
         second = boxed_in[1]._shards if len(boxed_in) == 2 else None
         dtype = layout.dtype
         for rank, a in first.items():
-            arr = kernel(xp, a, **attrs) if second is None else \
-                kernel(xp, a, second[rank], **attrs)
+            if second is None:
+                arr = kernel(xp, a, **attrs) if attrs else kernel(xp, a)
+            else:  # (no attributes is the common case, and a call without ** is cheaper)
+                arr = kernel(xp, a, second[rank], **attrs) if attrs else \
+                    kernel(xp, a, second[rank])
             if type(arr) is not np.ndarray or arr.dtype is not dtype or \
                     (check and arr.shape != plan.shapes[rank][0]):
                 arr = _conform(opdef, arr, xp, rank, layout, plan.shapes[rank][0])

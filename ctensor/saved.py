@@ -17,7 +17,7 @@ from .graph import SelfUnpacking
 from .layout import Layout
 from .tensor import Tensor
 
-__all__ = ["LayoutOnly", "Regather", "BackwardContext", "layout_only"]
+__all__ = ["LayoutOnly", "Regather", "BackwardContext", "layout_of"]
 
 
 class LayoutOnly:
@@ -28,8 +28,8 @@ class LayoutOnly:
 
     __slots__ = ("_layout", "requires_grad")
 
-    def __init__(self, t: Tensor):
-        self._layout, self.requires_grad = t._layout, t.requires_grad
+    def __init__(self, layout: Layout, requires_grad: bool):
+        self._layout, self.requires_grad = layout, requires_grad
 
     shape = property(lambda self: self._layout.shape)
     dtype = property(lambda self: self._layout.dtype)
@@ -44,14 +44,14 @@ class LayoutOnly:
 _layouts_only: dict = {}  # (layout, requires_grad) -> its LayoutOnly (they are immutable)
 
 
-def layout_only(t: Tensor) -> LayoutOnly:
-    """The (shared) :class:`LayoutOnly` of ``t``'s layout."""
-    key = (t._layout, t.requires_grad)
+def layout_of(layout: Layout, requires_grad: bool) -> LayoutOnly:
+    """The (shared) :class:`LayoutOnly` of a tensor of ``layout`` and ``requires_grad``."""
+    key = (layout, requires_grad)
     kept = _layouts_only.get(key)
     if kept is None:
         if len(_layouts_only) > 65536:
             _layouts_only.clear()
-        kept = _layouts_only[key] = LayoutOnly(t)
+        kept = _layouts_only[key] = LayoutOnly(layout, requires_grad)
     return kept
 
 

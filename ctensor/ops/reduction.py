@@ -29,7 +29,8 @@ import numpy as np
 from ..registry import OPS
 from ..dtypes import reduction_dtype, to_dtype
 from ..sbp import ReduceOp
-from ..tensor import Tensor
+from ..dispatch import apply
+from ..tensor import TENSOR_TYPES, Tensor
 from ._rules import B, P, PMAX, PMIN, S, ValuesIndices, defop, norm_dim, reduced, sig
 
 
@@ -158,6 +159,12 @@ def sum_(op, x, dim=None, keepdim: bool = False, *, dtype=None):
 
     >>> x.sum(); x.sum(0); ct.sum(x, (0, 2), keepdim=True)
     """
+    if type(x) in TENSOR_TYPES and dtype is None and type(keepdim) is bool:
+        if type(dim) is int and 0 <= dim < len(x._layout.shape):  # the common cases, cheaply
+            return apply(op, (x,), {"dims": (dim,), "keepdim": keepdim})
+        if dim is None:
+            return apply(op, (x,), {"dims": tuple(range(len(x._layout.shape))),
+                                    "keepdim": keepdim})
     _check("sum", x)
     if dtype is None:
         return op(x, dims=_dims("sum", dim, x.ndim), keepdim=bool(keepdim))
@@ -188,6 +195,14 @@ def mean(op, x, dim=None, keepdim: bool = False, *, dtype=None):
 
     >>> x.mean(); x.mean(-1, keepdim=True); counts.mean(dtype=ct.float64)
     """
+    if type(x) in TENSOR_TYPES and dtype is None and type(keepdim) is bool and \
+            x._layout.dtype.kind in "fc":  # the common cases, cheaply
+        shape = x._layout.shape
+        if type(dim) is int and 0 <= dim < len(shape):
+            return apply(op, (x,), {"dims": (dim,), "keepdim": keepdim, "count": shape[dim]})
+        if dim is None:
+            return apply(op, (x,), {"dims": tuple(range(len(shape))), "keepdim": keepdim,
+                                    "count": x._layout.numel})
     _check("mean", x)
     if dtype is not None:
         dtype = to_dtype("mean", "dtype", dtype)
