@@ -165,7 +165,8 @@ def _public(front: Callable, opdef: OpDef, keyword_error: Optional[Callable],
         def public(*args, **kwargs):
             if kwargs:
                 _refuse_unknown(opdef.name, kwargs, accepted, keyword_error, front)
-            return front(opdef, *args, **kwargs)
+                return front(opdef, *args, **kwargs)
+            return front(opdef, *args)  # (a call without ** is cheaper)
 
     functools.update_wrapper(public, front)
     public.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
@@ -320,7 +321,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
         same = _PAIR_SAME if u is t else _PAIR
         if t.requires_grad:
             node = t._node
-            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
+            grads = 1  # (a conditional, not int(): a builtin call less)
+            pinned = 1 if node is None or node.name == _CAST and _casts_leaf(node) else 0
         if u.requires_grad:
             node = u._node
             grads |= 2
@@ -330,7 +332,8 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
         layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
             node = t._node
-            grads, pinned = 1, int(node is None or node.name == _CAST and _casts_leaf(node))
+            grads = 1
+            pinned = 1 if node is None or node.name == _CAST and _casts_leaf(node) else 0
     else:
         layouts = tuple([t._layout for t in tensors])
         for i, t in enumerate(tensors):

@@ -116,6 +116,9 @@ def record(opdef, plan, tensors: Sequence, boxed: Sequence, outputs: list, attrs
     elif len(watch) == 1:
         version = boxed[watch[0]]._version
         watched = ((version, version.value),)
+    elif len(watch) == 2:
+        version, other = boxed[watch[0]]._version, boxed[watch[1]]._version
+        watched = ((version, version.value), (other, other.value))
     else:
         watched = tuple([(boxed[i]._version, boxed[i]._version.value) for i in watch])
     if keep_out and len(outputs) == 1:
