@@ -97,10 +97,14 @@ def flat_along(arr: np.ndarray, dim: int) -> bool:
     return arr.flags.c_contiguous and math.prod(arr.shape[:dim]) == 1
 
 
-def pack(pool: BufferPool, pieces: list, skip: int | None = None) -> np.ndarray:
+def pack(pool: BufferPool, pieces: list, skip: int | None = None,
+         into: np.ndarray | None = None) -> np.ndarray:
     """One pooled byte buffer holding ``pieces`` one after the other, each in its own C
-    layout (part ``skip`` left out): the single copy a strided collective needs."""
-    send = pool.empty(sum(p.nbytes for i, p in enumerate(pieces) if i != skip), np.uint8)
+    layout (part ``skip`` left out): the single copy a strided collective needs. ``into``
+    (a C-contiguous array at least that large) holds them instead of a pooled buffer."""
+    nbytes = sum(p.nbytes for i, p in enumerate(pieces) if i != skip)
+    send = pool.empty(nbytes, np.uint8) if into is None else \
+        into.reshape(-1).view(np.uint8)[:nbytes]
     pos = 0
     for i, p in enumerate(pieces):
         if i != skip:
@@ -116,6 +120,15 @@ def unpack(recv: np.ndarray, pieces: list, skip: int | None = None) -> None:
         if i != skip:
             p[...] = recv[pos:pos + p.nbytes].view(p.dtype).reshape(p.shape)
             pos += p.nbytes
+
+
+def prefix(counts) -> tuple:
+    """The displacements of consecutive blocks of ``counts``, and their total."""
+    displs, total = [], 0
+    for c in counts:
+        displs.append(total)
+        total += c
+    return displs, total
 
 
 def exact_pair_sum(dtype: np.dtype) -> bool:

@@ -46,7 +46,8 @@ from .. import timing as _profile
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
 from .base import Communicator, Group, Message, Pending, Shards, contiguous
-from .buffers import BufferPool, exact_pair_sum, flat_along, pack, parts, unpack
+from .buffers import (BufferPool, exact_pair_sum, flat_along, pack, parts, unpack,
+                      prefix as _prefix)
 from .p2p import NonblockingExchange, dtype_text as _dtype_text
 from .watchdog import Call, Watchdog, env_debug, env_timeout
 
@@ -125,14 +126,6 @@ class _Channel:
         if self._request is not None and self._request.Test():
             self._request.Free()
             self._request = None
-
-
-def _prefix(counts):
-    displs, total = [], 0
-    for c in counts:
-        displs.append(total)
-        total += c
-    return displs, total
 
 
 class MPICommunicator(NonblockingExchange, Communicator):
@@ -413,7 +406,8 @@ class MPICommunicator(NonblockingExchange, Communicator):
         dim 0 receives in place). Elsewhere the peers' parts are packed into one pooled
         buffer before the send, and received strided in place through a derived datatype
         (equal parts) or into one pooled buffer and one copy (uneven parts). This rank's own
-        part never goes through MPI: one copy puts it in place while the others' move."""
+        part never goes through MPI: one copy puts it in place while the others' move (on
+        two members with a strided split, after them: its room held the peer's packed part)."""
         buf = self._mine(group, bufs)
         if len(group) == 1:
             return {self.rank: buf.copy()}
@@ -434,11 +428,16 @@ class MPICommunicator(NonblockingExchange, Communicator):
         recv_counts = [0 if i == me else p.nbytes for i, p in enumerate(recvs)]
         BYTE = self._MPI.BYTE
         send_type = recv_type = BYTE
+        room = None
         if flat_along(buf, split_dim):
             send = buf.reshape(-1).view(np.uint8)
             sdispls, _ = _prefix([p.nbytes for p in sends])
         else:  # (a derived datatype sending in place measured no faster than this copy)
-            send = pack(self._pool, sends, skip=me)
+            # two members: the peer's part packed into the own part's room of the result,
+            # which is filled once it has gone (no pooled buffer crowds the cache)
+            room = recvs[me] if len(group) == 2 and flat_along(out, concat_dim) and \
+                sends[1 - me].nbytes <= recvs[me].nbytes else None
+            send = pack(self._pool, sends, skip=me, into=room)
             sdispls, _ = _prefix(send_counts)
         flat, even = flat_along(out, concat_dim), len(set(concat_sizes)) == 1 and out.size
         if flat:
@@ -454,8 +453,11 @@ class MPICommunicator(NonblockingExchange, Communicator):
             recv = self._pool.empty(total, np.uint8)
         req = channel.data.Ialltoallv([send, send_counts, sdispls, send_type],
                                       [recv, recv_counts, rdispls, recv_type])
-        recvs[me][...] = sends[me]
+        if room is None:
+            recvs[me][...] = sends[me]
         self._finish([req], call, channel)
+        if room is not None:  # the room's send is over
+            recvs[me][...] = sends[me]
         if not (flat or even):
             unpack(recv, recvs, skip=me)
         return {self.rank: out}
@@ -524,7 +526,6 @@ class MPICommunicator(NonblockingExchange, Communicator):
         # the guard all-reduce is itself a barrier: it completes once every rank started it
         call, channel = self._begin("barrier", group, None)
         self._finish([], call, channel)
-
 
     def leave(self) -> None:
         """This rank's script is over: tell the other ranks and wait for them (see
