@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 
+from . import planner, runtime, tape
 from . import timing as _profile
-from . import tape
 from .autograd import grad_mode
 from .executor import KernelContext, execute, start
 from .operands import as_tensor
@@ -345,7 +345,15 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
                       for i, t in enumerate(tensors)])
     if grads and (opdef.backward is None or not grad_mode.enabled):
         grads = 0  # (the choice weighs the backward only when there will be one)
-    plan = plan_for(opdef, attrs, layouts, grad_mode.destinations, grads, pinned, same)
+    # the plan: planner.hits by the key planner.plan_for builds (a call less on a hit)
+    destinations = grad_mode.destinations
+    try:
+        plan = planner.hits.get((opdef, runtime._default_dtype, tuple(attrs.items()) if attrs
+                                 else (), layouts, destinations, grads, pinned, same))
+    except TypeError:  # an unhashable attribute: plan_for freezes it
+        plan = None
+    if plan is None:
+        plan = plan_for(opdef, attrs, layouts, destinations, grads, pinned, same)
     if plan.composite:  # written with other ops, which dispatch and record themselves
         return opdef.composite(*tensors, **attrs)
     if started:

@@ -144,6 +144,11 @@ class OpPlan:
 
 
 _cache: dict = {}  # OpCall.key -> OpPlan (cost-only choices)
+#: where :func:`ctensor.dispatch.apply` looks a call up (by the key :func:`plan_for` builds)
+#: before calling :func:`plan_for`: the cost-only cache, or, while an advisor is installed,
+#: an empty dict (every call then reaches plan_for, which asks the advisor)
+hits: dict = _cache
+_NO_HITS: dict = {}  # (stays empty)
 _advised: dict = {}  # (OpCall.key, picks) -> OpPlan (choices an advisor changed)
 _advisor: Optional[Callable] = None
 
@@ -176,7 +181,8 @@ def plan(call: OpCall) -> OpPlan:
 
 def plan_for(op, attrs: dict, layouts: tuple, destinations, grads: int, pinned: int,
              same: tuple) -> OpPlan:
-    """The cached plan of one call (what :func:`ctensor.dispatch.apply` calls on every op):
+    """The cached plan of one call (what :func:`ctensor.dispatch.apply` calls when
+    :data:`hits` has not got the call's key, which is built here and there alike):
     a dict lookup by the call's value, :func:`plan` on a miss (and on every call while an
     advisor is installed: the plan its picks lead to is then cached per picks; an advisor
     with a ``picks_for(op, layouts)`` attribute that returns the picks it will make — per
@@ -218,7 +224,9 @@ def set_advisor(advisor_fn: Optional[Callable]) -> Optional[Callable]:
     if advisor_fn is not None and not callable(advisor_fn):
         raise TypeError(f"set_advisor: expected a callable or None, got "
                         f"{type(advisor_fn).__name__}")
+    global hits
     previous, _advisor = _advisor, advisor_fn
+    hits = _cache if advisor_fn is None else _NO_HITS
     return previous
 
 
