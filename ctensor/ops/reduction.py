@@ -146,8 +146,14 @@ def _floating_only(opname: str, x, fix: str = "") -> None:
 
 
 # ----------------------------------------------------------------------------- sum / mean
-@defop("sum", kernel=lambda xp, x, dims, keepdim: x.sum(axis=dims, keepdims=keepdim,
-                                                        dtype=_acc_dtype(x.dtype)),
+def _sum_kernel(xp, x, dims, keepdim):
+    dtype = np.int64 if x.dtype.kind in "biu" else None  # _acc_dtype, inline (a hot kernel)
+    if xp is np:  # the ufunc's reduce with positional arguments: NumPy's cheapest sum call
+        return np.add.reduce(x, dims, dtype, None, keepdim)
+    return x.sum(axis=dims, dtype=dtype, keepdims=keepdim)
+
+
+@defop("sum", kernel=_sum_kernel,
        meta=_reduce_meta("sum"), signatures=_reduce_signatures(P, P), saves=(),
        backward=lambda ctx, g: (unreduce(g, ctx.attrs["dims"], ctx.attrs["keepdim"],
                                          ctx.inputs[0].shape),),
