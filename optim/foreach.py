@@ -180,6 +180,14 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
     return cache
 
 
+def _whole(layout) -> bool:
+    """Whether every shard of ``layout`` is the whole tensor: broadcast on every mesh axis,
+    or laid out some other way only on axes of one rank (a vocabulary-parallel embedding's
+    ``S(0)`` on a tensor axis of size 1, as one process's ``dp x tp`` mesh gives)."""
+    return all(isinstance(s, ct.sbp.Broadcast) or n == 1
+               for s, n in zip(layout.sbp, layout.placement.shape))
+
+
 def clip_grad_norm(grads: list, max_norm, norm_type: float):
     """``nn.utils.clip_grad_norm_``'s multi-tensor path: the 2-norm of replicated
     gradients of one placement, SBP and floating dtype from their local shards, and the
@@ -187,16 +195,16 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     it). The same kernels in the same order as the per-gradient ops (``abs``, ``pow``,
     ``sum``, the running ``add``, ``pow``, ``add``, ``div``, ``clamp``, ``mul``), so the same
     bits, without dispatching seven ops per gradient. Returns the norm (a 0-d tensor) or
-    None when it does not apply (another norm, split, partial or shape-only gradients)."""
+    None when it does not apply (another norm, split, partial or shape-only gradients; a
+    split or partial SBP on an axis of one rank counts as replicated)."""
     layout = grads[0]._layout if grads else None
     if norm_type != 2.0 or layout is None or layout.dtype.kind != "f" or \
-            local_arrays(grads[0]) is None or \
-            any(not isinstance(s, ct.sbp.Broadcast) for s in layout.sbp):
+            local_arrays(grads[0]) is None or not _whole(layout):
         return None
     for g in grads:
         gl = g._layout
-        if gl.placement != layout.placement or gl.sbp != layout.sbp or \
-                gl.dtype != layout.dtype or local_arrays(g) is None:
+        if gl.placement != layout.placement or gl.dtype != layout.dtype or \
+                (gl.sbp != layout.sbp and not _whole(gl)) or local_arrays(g) is None:
             return None
     dtype = layout.dtype
     totals, coefs = {}, {}
@@ -227,7 +235,8 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     for g in grads:
         g._version.value += 1
     from ctensor.layout import Layout
-    return Tensor(Layout((), dtype, layout.placement, layout.sbp), totals)
+    return Tensor(Layout((), dtype, layout.placement, (ct.sbp.broadcast,) * layout.placement.ndim),
+                  totals)
 
 
 def chunks(params: list) -> list:

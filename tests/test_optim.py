@@ -598,6 +598,32 @@ def test_clip_grad_norm_foreach_is_the_per_gradient_clip_bit_for_bit(mesh, max_n
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_clip_grad_norm_foreach_takes_splits_on_axes_of_one_rank(n, monkeypatch):
+    """A (dp, tp) mesh with tp = 1, as one process (or data parallel alone) lays the GPT
+    example out: a vocabulary-parallel weight's S(0) on the tensor axis is the whole
+    tensor on every rank, so the multi-tensor clip takes it with the rest (no per-gradient
+    ops), with the per-gradient clip's bits."""
+    from conftest import world
+    from ctensor.optim import foreach
+    with world(n):
+        mesh = ct.placement("cpu", [[r] for r in range(n)])
+        results, taken = [], []
+        monkeypatch.setattr(foreach, "clip_grad_norm", lambda *a, _f=foreach.clip_grad_norm:
+                            taken.append(_f(*a)) or taken[-1])
+        for use in (False, None):
+            ct.manual_seed(0)
+            w = ct.randn(7, 3, placement=mesh, sbp=(B, S(0)), requires_grad=True)
+            b = ct.randn(3, placement=mesh, sbp=(B, B), requires_grad=True)
+            ((w.sum(0) * b) ** 2).sum().backward()
+            total = nn.utils.clip_grad_norm_([w, b], 1e-2, foreach=use)
+            assert total.sbp == (B, B) and total.shape == ()
+            results.append((total.numpy(), w.grad.numpy(), b.grad.numpy()))
+        assert len(taken) == 1 and taken[0] is not None
+        for got, want in zip(results[1], results[0]):
+            np.testing.assert_array_equal(got, want)
+
+
 def test_foreach_in_chunks_and_states_written_in_place(mesh, monkeypatch):
     from ctensor.optim import foreach
     want, _, _ = _mlp_steps(mesh, foreach=False)
