@@ -214,6 +214,9 @@ class Synchronizer:
         target = getattr(leaf, "_grad_layout", None) or leaf._layout
         plan = _reduction(g._layout, target) if _bucket_bytes > 0 else None
         if plan is None:
+            if g._layout == target:  # nothing to move (one rank, or already in place)
+                self.direct.append((leaf, _compact(g)))
+                return
             context.op_stack.append("grad_sync")  # (a plan counts it once per step)
             try:
                 self.direct.append((leaf, _compact(g.to_global(target.placement,
