@@ -16,8 +16,10 @@ slows all alike:
   the key/value blocks passed to the next rank with ``Isend``/``Irecv`` (waited for
   without spinning, as ctensor's communicator waits) while the current
   one is folded into an online softmax (keys in chunks of 512, fully masked blocks
-  skipped), the backward passing the blocks back with their dk/dv accumulators, which
-  come home on the last hop.
+  skipped); the backward passes the blocks back round with their dk/dv accumulators, one
+  message per hop, ``n - 1`` hops (as ctensor's: the forward's last block kept, a piece of
+  the own block's backward computed while each hop travels, the accumulators home on
+  the last).
 
 All three are checked against a float64 NumPy computation of the whole attention first.
 It prints the median step time of the slowest rank, CP n's speed-up over one rank, the
@@ -79,14 +81,16 @@ class ByHand:
         self.scale = float(1.0 / np.sqrt(q.shape[-1]))  # (a Python float: a NumPy float64
         # scalar would promote float32 arrays)
         self.rows = [part(total, comm.size, i) for i in range(comm.size)]
+        self.backward_times: list = []  # seconds of each step's backward
 
-    def _chunks(self, r: int, owner: int):
+    def _chunks(self, r: int, owner: int, first: int = 0, stop: Optional[int] = None):
         """(query block, key chunk, mask or None) of block ``owner`` seen by rank ``r``'s
-        rows, in blocks of 512 (causal, natural order: pairs above the diagonal skipped)."""
+        rows ``first:stop`` (default all), in blocks of 512 (causal, natural order: pairs
+        above the diagonal skipped)."""
         q0, nq = self.rows[r].start, self.rows[r].stop - self.rows[r].start
         k0, nk = self.rows[owner].start, self.rows[owner].stop - self.rows[owner].start
-        for qa in range(0, nq, CHUNK):
-            qb = min(nq, qa + CHUNK)
+        for qa in range(first, nq if stop is None else stop, CHUNK):
+            qb = min(nq if stop is None else stop, qa + CHUNK)
             for a in range(0, nk, CHUNK):
                 b = min(nk, a + CHUNK)
                 if k0 + a > q0 + qb - 1:
@@ -126,52 +130,69 @@ class ByHand:
             if reqs:
                 wait(reqs)
                 kv = recv
+        self.last = kv  # the block of rank r + 1, kept for the backward
         self.out = (acc / s_[..., None]).astype(q.dtype)
         self.lse = (m + np.log(s_)).astype(q.dtype)
         return self.out
 
-    def backward(self):
-        comm, n, r = self.comm, self.comm.size, self.comm.rank
-        q, g, scale = self.q, self.g, self.scale
+    def _grad(self, r: int, owner: int, kv, dkv, dq, first: int = 0,
+              stop: Optional[int] = None) -> None:
+        """Add rank ``r``'s rows' contributions against ``owner``'s block ``kv`` to its
+        accumulators ``dkv`` and to ``dq``."""
+        q, g, scale, lse, delta = self.q, self.g, self.scale, self.lse, self.delta
         e = self.k.shape[-1]
-        delta = (g * self.out).sum(-1)
-        lse = self.lse
-        dq = np.zeros_like(q)
-        kv = np.concatenate([self.k, self.v], axis=-1)
+        for qs, ks, mask in self._chunks(r, owner, first, stop):
+            kk, vv, qq, gg = kv[..., ks, :e], kv[..., ks, e:], q[..., qs, :], g[..., qs, :]
+            sc = qq @ kk.swapaxes(-1, -2) * scale
+            if mask is not None:
+                sc = np.where(mask, -np.inf, sc)
+            p = np.exp(sc - lse[..., qs, None])
+            dkv[..., ks, e:] += p.swapaxes(-1, -2) @ gg
+            ds = p * (gg @ vv.swapaxes(-1, -2) - delta[..., qs, None])
+            dq[..., qs, :] += ds @ kk * scale
+            dkv[..., ks, :e] += ds.swapaxes(-1, -2) @ qq * scale
+
+    def backward(self):
+        """The ring reversed: at step s rank r holds rank r + 1 + s's block (step 0: the
+        one the forward received last) with its accumulators, adds its part, passes both
+        to rank r - 1 in one message (the last hop: the accumulators alone) and computes a
+        piece of its own block's part while it travels: n - 1 transfers."""
+        comm, n, r = self.comm, self.comm.size, self.comm.rank
+        e = self.k.shape[-1]
+        self.delta = (self.g * self.out).sum(-1)
+        dq = np.zeros_like(self.q)
+        own = np.concatenate([self.k, self.v], axis=-1)
+        own_d = np.zeros_like(own)
+        w = own.shape[-1]
+        kv = self.last
         dkv = np.zeros_like(kv)
-        for s in range(n):
-            owner = (r + s) % n  # the blocks travel back: rank r holds rank r + s's
-            reqs = []
-            if s < n - 1:
-                nxt = (owner + 1) % n
-                recv = np.empty(kv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
-                                                 kv.shape[-1]), kv.dtype)
-                reqs = [comm.Isend(kv, dest=(r - 1) % n), comm.Irecv(recv, source=(r + 1) % n)]
-            for qs, ks, mask in self._chunks(r, owner):
-                kk, vv, qq, gg = kv[..., ks, :e], kv[..., ks, e:], q[..., qs, :], g[..., qs, :]
-                sc = qq @ kk.swapaxes(-1, -2) * scale
-                if mask is not None:
-                    sc = np.where(mask, -np.inf, sc)
-                p = np.exp(sc - lse[..., qs, None])
-                dkv[..., ks, e:] += p.swapaxes(-1, -2) @ gg
-                ds = p * (gg @ vv.swapaxes(-1, -2) - delta[..., qs, None])
-                dq[..., qs, :] += ds @ kk * scale
-                dkv[..., ks, :e] += ds.swapaxes(-1, -2) @ qq * scale
-            # the accumulators follow the block (the last hop brings them home)
+        rows = own.shape[-2]
+        self.backward_transfers = 0
+        for s in range(n - 1):
+            owner = (r + 1 + s) % n
+            self._grad(r, owner, kv, dkv, dq)
+            last = s == n - 2
+            packet = np.ascontiguousarray(dkv) if last else np.concatenate([kv, dkv], axis=-1)
             nxt = (owner + 1) % n
-            got = np.empty(dkv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
-                                             dkv.shape[-1]), dkv.dtype)
-            greqs = [comm.Isend(dkv, dest=(r - 1) % n), comm.Irecv(got, source=(r + 1) % n)]
-            if reqs:
-                wait(reqs)
-                kv = recv
-            wait(greqs)
-            dkv = got
-        return dq, dkv[..., :e], dkv[..., e:]
+            recv = np.empty(kv.shape[:-2] + (self.rows[nxt].stop - self.rows[nxt].start,
+                                             w if last else 2 * w), kv.dtype)
+            reqs = [comm.Isend(packet, dest=(r - 1) % n), comm.Irecv(recv, source=(r + 1) % n)]
+            self.backward_transfers += 1
+            self._grad(r, r, own, own_d, dq, rows * s // (n - 1), rows * (s + 1) // (n - 1))
+            wait(reqs)
+            kv, dkv = (None, recv) if last else (recv[..., :w], recv[..., w:])
+        if n == 1:
+            self._grad(r, r, own, own_d, dq)
+        else:
+            own_d += dkv  # home: the accumulators have visited every other rank
+        return dq, own_d[..., :e], own_d[..., e:]
 
     def step(self):
         self.forward()
-        return self.backward()
+        t0 = time.perf_counter()
+        out = self.backward()
+        self.backward_times.append(time.perf_counter() - t0)
+        return out
 
 
 # ----------------------------------------------------------------------------- ctensor
@@ -184,12 +205,15 @@ class Ctensor:
         self.inputs = [ct.tensor(a, placement=placement, sbp=sbp, requires_grad=True)
                        for a in (q, k, v)]
         self.g = ct.tensor(g, placement=placement, sbp=sbp)
+        self.backward_times: list = []  # seconds of each step's backward
 
     def step(self):
         for t in self.inputs:
             t.grad = None
         y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag)
+        t0 = time.perf_counter()
         y.backward(self.g)
+        self.backward_times.append(time.perf_counter() - t0)
         return y
 
     def peak_activations(self) -> int:
@@ -286,12 +310,17 @@ def main(argv: Optional[list] = None) -> None:
     steps = {"cp": cp.step, "one": one.step, "hand": hand.step}
     if zz is not None:
         steps["zigzag"] = zz.step
+    for runner in (cp, hand):
+        runner.backward_times.clear()
     times = harness.interleaved(steps, args.repeats, comm, barrier=barrier)
+    for name, runner in (("cp backward", cp), ("hand backward", hand)):
+        timed = runner.backward_times[-args.repeats:]  # (the warm-up round's left out)
+        times[name] = comm.allreduce(float(np.median(timed)), op=MPI.MAX)
     if r == 0:
-        report(args, n, times, errors, log, mem_cp, mem_one)
+        report(args, n, times, errors, log, mem_cp, mem_one, hand.backward_transfers)
 
 
-def report(args, n, times, errors, log, mem_cp, mem_one) -> None:
+def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers) -> None:
     print(f"causal attention step (forward + backward), B={args.batch} H={args.heads} "
           f"T={args.seq} D={args.head_dim} {args.dtype}, {n} rank(s), median of "
           f"{args.repeats}, slowest rank, one BLAS thread per rank")
@@ -307,10 +336,15 @@ def report(args, n, times, errors, log, mem_cp, mem_one) -> None:
               f"(every rank the same causal work)")
     print(f"CP {n} speed-up over one rank: {times['one'] / times['cp']:.2f}x; ctensor / by "
           f"hand = {ratio:.2f}x (target <= {TARGET}x{'' if ratio <= TARGET else ': not met'})")
+    print(f"backward alone: ctensor {times['cp backward'] * 1e3:.1f} ms, by hand "
+          f"{times['hand backward'] * 1e3:.1f} ms (ctensor / by hand = "
+          f"{times['cp backward'] / times['hand backward']:.2f}x)")
     print(f"peak memory of the step per rank (above its inputs): CP {n} {mem_cp / 2**20:.2f} MiB, one rank "
           f"{mem_one / 2**20:.2f} MiB ({mem_cp / max(1, mem_one):.2f}x)")
-    print(f"communication of one CP step: {len(log.collectives())} transfers, "
-          f"{log.total_bytes:,} B per rank ({', '.join(sorted(set(e.op for e in log)))})")
+    ops = [e.op for e in log]
+    print(f"communication of one CP step: {len(log.collectives())} transfers "
+          f"({ops.count('attention')} forward, {ops.count('attention.grad')} backward; the "
+          f"ring by hand {hand_transfers} backward), {log.total_bytes:,} B per rank")
     print("checked against float64 NumPy (max relative difference "
           + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()) + ")")
 

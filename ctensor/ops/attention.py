@@ -134,7 +134,9 @@ def _ring_axis(layouts):
 def _ring_comm(layouts, axis, causal, **_):
     """Seconds the ring adds to the charge of one block on this axis (forward and
     backward): ``n - 1`` more blocks computed, each overlapping the transfer of the next
-    key/value block (``n - 1`` of them; the backward's also carry the gradients)."""
+    key/value block (``n - 1`` of them); backward ``n - 1`` hops of the block with its
+    gradient accumulators (the last of the accumulators alone), each overlapping a
+    ``1 / (n - 1)`` piece of the rank's own block's backward."""
     q, k, v = layouts[:3]
     p = q.placement
     n = p.shape[axis]
@@ -145,8 +147,10 @@ def _ring_comm(layouts, axis, causal, **_):
     shapes = [l.local_shape(first) for l in (q, k, v)]
     fwd = cost.compute(p.device, 0.0, _flops(shapes, (), causal))
     send = cost.collective("send_recv", 2, 2 * block, p.device)
-    send_back = cost.collective("send_recv", 2, 4 * block, p.device)
-    return (n - 1) * (max(fwd, send) + max(0.0, send_back - 2.5 * fwd))
+    hidden = 2.5 * fwd / (n - 1)  # (the backward's compute: 2.5 times the forward's)
+    back = sum(max(0.0, cost.collective("send_recv", 2, (2 if s == n - 2 else 4) * block,
+                                        p.device) - hidden) for s in range(n - 1))
+    return (n - 1) * max(fwd, send) + back
 
 
 def _signatures(layouts, causal, scale, zigzag, dropout=0.0, mesh_axis=0):

@@ -6,13 +6,17 @@ blocks go round the ring of the axis's ranks.
   starts sending that block to rank ``i + 1`` (``exchange_start``), folds it into its online
   softmax state (:func:`ctensor.ops._flash.accumulate`, masked by true positions, fully
   masked pieces skipped), then waits for the block of rank ``i - s - 1``: ``n - 1``
-  transfers, each overlapping a block's compute. It keeps q, k, v, its output and the
-  log-sum-exp (O(T/n) per rank; never the scores).
-* backward — the ring reversed: rank ``i`` starts with its own key/value block and zero
-  accumulators for its gradients; at step ``s`` it holds rank ``i + s``'s block, starts
-  passing it to rank ``i - 1``, adds its contributions to the block's ``dk``/``dv`` (and to
-  its own ``dq``), then passes the accumulators on after it: ``n - 1`` transfers of the
-  blocks and ``n`` of the accumulators, the last of which brings each home.
+  transfers, each overlapping a block's compute. It keeps q, k, v, its output, the
+  log-sum-exp and the last block it received, rank ``i + 1``'s (O(T/n) per rank; never
+  the scores).
+* backward — the ring reversed (rank ``i`` sends to ``i - 1``): at step ``s`` rank ``i``
+  holds rank ``i + 1 + s``'s block with its dk/dv accumulators (step 0: the kept block,
+  zero accumulators), adds its contributions to them (and to its own ``dq``), then passes
+  block and accumulators on in one message (the last hop the accumulators alone: their
+  receiver holds its own block) and, while it travels, computes a ``1 / (n - 1)`` piece of
+  its own block's contributions. After ``n - 1`` hops each rank holds its own block's
+  accumulators, which have visited every other rank, and adds its own part: ``n - 1``
+  transfers.
 
 Uneven splits work as every layout does: each block has its rank's region, and the
 positions the causal mask reads come from it. In a shape-only world no kernel runs and
@@ -111,14 +115,16 @@ def _positions(layout: Layout, rank: int, zigzag: int) -> np.ndarray:
     return positions(layout.shape[-2], zigzag)[a:b]
 
 
-def _dropper(xp, key, dropout, ql: Layout, kl: Layout, rank: int, owner: int, dtype):
-    """Rank ``rank``'s dropout factors against ``owner``'s key block (None without)."""
+def _dropper(xp, key, dropout, ql: Layout, kl: Layout, rank: int, owner: int, dtype,
+             row: int = 0):
+    """Rank ``rank``'s dropout factors against ``owner``'s key block (None without), for
+    its query rows from ``row`` on."""
     if not dropout:
         return None
     qr, kr = ql.region(rank), kl.region(owner)
     k = key._shards[rank]
     return dropper(xp, (int(k[0]), int(k[1])), dropout, ql.shape[:-1] + (kl.shape[-2],),
-                   qr[:-2], qr[-2][0], kr[-2][0], dtype)
+                   qr[:-2], qr[-2][0] + row, kr[-2][0], dtype)
 
 
 def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, scale: float,
@@ -158,6 +164,8 @@ def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, s
         done = {r: finish(xp, st) for r, st in states.items()}
         held["out"] = _cast({r: o for r, (o, _) in done.items()}, q.dtype)
         held["lse"] = _cast({r: lse for r, (_, lse) in done.items()}, q.dtype)
+        held["last"] = _cast(blocks, k.dtype)  # rank i's: the block of rank i + 1 (a
+        # float16 block widened is float16 again without loss)
         return held["out"]
 
     context.op_stack.append(opdef.name)
@@ -167,15 +175,25 @@ def attention(opdef, q: Tensor, k: Tensor, v: Tensor, axis: int, causal: bool, s
             for s in range(n - 1):
                 _Shift(block_l, axis, s, 1).record()
         lse = new_tensor(lse_l, lambda: held["lse"])
+        # the last block received, kept for the backward (in k's dtype, block_l's size;
+        # each rank's shard is its next rank's block); none without a ring
+        last_l = Layout(block_l.shape, kl.dtype, kl.placement, kl.sbp)
+        last = new_tensor(last_l, lambda: held["last"]) if n > 1 else None
     finally:
         context.op_stack.pop()
-    saved = tuple(t.detach() for t in (q, k, v, out, lse))
+    saved = tuple(t.detach() for t in (q, k, v, out, lse)) + (last,)
     autograd.record(opdef.name, [q, k, v], [out, lse],
                     lambda grads: _backward(opdef, grads[0], *saved, axis, attrs, key))
     return out, lse
 
 
-def _backward(opdef, g, q, k, v, out, lse, axis, attrs, key=None):
+def _rows(m: int, parts: int) -> list:
+    """``m`` query rows in ``parts`` contiguous pieces (the own block's backward, one piece
+    computed while each hop is in flight)."""
+    return [(m * j // parts, m * (j + 1) // parts) for j in range(parts)]
+
+
+def _backward(opdef, g, q, k, v, out, lse, last, axis, attrs, key=None):
     if g is None:
         return None, None, None
     ql, kl, vl = q._layout, k._layout, v._layout
@@ -185,7 +203,10 @@ def _backward(opdef, g, q, k, v, out, lse, axis, attrs, key=None):
                                                         "dropout"))
     e, ev = kl.shape[-1], vl.shape[-1]
     n = ql.placement.shape[axis]
-    kv_l, grad_l = _block_layout(kl, e + ev), _block_layout(kl, e + ev)
+    w = e + ev
+    # hop s carries the block and its dk/dv accumulators in one message; the last only
+    # the accumulators (its receiver holds its own block)
+    packet_l = [_block_layout(kl, w if s == n - 2 else 2 * w) for s in range(n - 1)]
     grad_name = opdef.grads["grad"]
     if _trace.active:
         gl = g._layout
@@ -201,30 +222,45 @@ def _backward(opdef, g, q, k, v, out, lse, axis, attrs, key=None):
                            for t in (g, q, out, lse))
         delta = {r: (gs[r] * os_[r]).sum(axis=-1) for r in qs}
         dq = {r: xp.zeros_like(a) for r, a in qs.items()}
-        blocks = {r: xp.concatenate(widen(xp, k._shards[r], v._shards[r]), axis=-1)
-                  for r in k._shards}
+        own = {r: xp.concatenate(widen(xp, k._shards[r], v._shards[r]), axis=-1)
+               for r in k._shards}
+        own_grads = {r: xp.zeros(b.shape, dtype=qs[r].dtype) for r, b in own.items()}
+        blocks = {r: widen(xp, a) for r, a in last._shards.items()} if last is not None \
+            else {}
         grads = {r: xp.zeros(b.shape, dtype=qs[r].dtype) for r, b in blocks.items()}
-        for s in range(n):
-            back = -s  # the block rank i holds at step s is rank i + s's
-            kv_wait = _Shift(kv_l, axis, back, -1).run(comm, blocks) if s < n - 1 else None
+        pieces = {r: _rows(a.shape[-2], max(1, n - 1)) for r, a in qs.items()}
+
+        def contribute(r, owner, b, d, rows=None):
+            a, z = rows if rows is not None else (0, qs[r].shape[-2])
+            grad_block(xp, qs[r][..., a:z, :], b[..., :e], b[..., e:], gs[r][..., a:z, :],
+                       ls[r][..., a:z], delta[r][..., a:z],
+                       _positions(ql, r, zigzag)[a:z], _positions(kl, owner, zigzag),
+                       causal, scale, dq[r][..., a:z, :], d[..., :e], d[..., e:],
+                       _dropper(xp, key, dropout, ql, kl, r, owner, ql.dtype, a))
+
+        for s in range(n - 1):  # rank i holds rank i + 1 + s's block and accumulators
+            packets = {}
             for r in qs:
                 group = ql.placement.axis_group(r, axis)
-                owner = group[(group.index(r) - back) % n]
-                b, d = blocks[r], grads[r]
-                grad_block(xp, qs[r], b[..., :e], b[..., e:], gs[r], ls[r], delta[r],
-                           _positions(ql, r, zigzag), _positions(kl, owner, zigzag),
-                           causal, scale, dq[r], d[..., :e], d[..., e:],
-                           _dropper(xp, key, dropout, ql, kl, r, owner, ql.dtype))
-            grad_wait = _Shift(grad_l, axis, back, -1).run(comm, grads)  # the last: home
-            if kv_wait is not None:
-                blocks = kv_wait()
-            grads = grad_wait()
-        # the accumulators are home: rank i holds its own block's after n hops; dk and dv
-        # each get an array of their own (out of the communicator's receive buffer, which
-        # its pool reuses; contiguous, so autograd keeps them as they are)
-        result["dk"] = _cast({r: xp.ascontiguousarray(d[..., :e]) for r, d in grads.items()},
+                contribute(r, group[(group.index(r) + 1 + s) % n], blocks[r], grads[r])
+                packets[r] = grads[r] if s == n - 2 else xp.concatenate(
+                    (blocks[r], grads[r]), axis=-1)
+            wait = _Shift(packet_l[s], axis, -1 - s, -1).run(comm, packets)
+            for r in qs:  # while it travels: a piece of the own block's contributions
+                contribute(r, r, own[r], own_grads[r], pieces[r][s])
+            got = wait()
+            blocks = {r: p[..., :w] for r, p in got.items()} if s < n - 2 else {}
+            grads = {r: p[..., w:] for r, p in got.items()} if s < n - 2 else got
+        if n == 1:
+            for r in qs:
+                contribute(r, r, own[r], own_grads[r])
+        # the accumulators are home: rank i holds its own block's, which have visited
+        # every other rank; its own contributions added (dk and dv arrays of their own,
+        # contiguous, so autograd keeps them as they are)
+        total = {r: d + grads[r] if grads else d for r, d in own_grads.items()}
+        result["dk"] = _cast({r: xp.ascontiguousarray(d[..., :e]) for r, d in total.items()},
                              kl.dtype)
-        result["dv"] = _cast({r: xp.ascontiguousarray(d[..., e:]) for r, d in grads.items()},
+        result["dv"] = _cast({r: xp.ascontiguousarray(d[..., e:]) for r, d in total.items()},
                              vl.dtype)
         return _cast(dq, ql.dtype)
 
@@ -232,10 +268,8 @@ def _backward(opdef, g, q, k, v, out, lse, axis, attrs, key=None):
     try:
         dq = new_tensor(ql, compute)
         if not result:
-            for s in range(n):
-                if s < n - 1:
-                    _Shift(kv_l, axis, -s, -1).record()
-                _Shift(grad_l, axis, -s, -1).record()
+            for s in range(n - 1):
+                _Shift(packet_l[s], axis, -1 - s, -1).record()
         # an axis splitting q's sequence where k and v are whole: each rank there holds its
         # queries' part of their gradients (partial sums)
         part = tuple(Partial(ReduceOp.SUM) if isinstance(eq, Split) and eq.dim == ql.ndim - 2
