@@ -59,6 +59,7 @@ import ctensor as ct
 
 from . import utils
 from .module import Module
+from .moe import MoE
 
 __all__ = ["fully_shard", "mixed_precision", "compute_dtype", "FSDPSpec"]
 
@@ -484,7 +485,11 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
 
     Parameters already on ``placement`` keep their SBP on the other mesh axes (lay the
     model out tensor-parallel first: ``to_global`` with ``hybrid_parallel_rules``); others
-    are moved to ``placement``, broadcast. Call it once (again with the same arguments is
+    are moved to ``placement``, broadcast. A parameter already split along ``dp_axis`` is
+    sharded by its own layout and kept as it is, never gathered, when it is the experts of
+    an :class:`~ctensor.nn.MoE` split ``S(0)`` over an expert axis that is the data axis
+    (expert parallelism with FSDP of the rest); any other SBP but broadcast there is an
+    error. Call it once (again with the same arguments is
     a no-op); ``state_dict()`` and ``ct.save`` give full logical tensors, so checkpoints
     move between this and any other layout. A parameter must be used only inside the
     forward of the module that owns it. Collective.
@@ -509,17 +514,22 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
             _unit(m).spec, _unit(m).schedule.prefetch = spec, spec.prefetch
         return module
     size = placement.shape[dp_axis]
-    plans = []
+    experts = {id(p) for m in module.modules() if isinstance(m, MoE) for p in (m.w1, m.w2)}
+    plans, kept = [], set()
     for name, p in module.named_parameters():
         if p.placement == placement:
             current = p.sbp
             entry = current[dp_axis]
+            if id(p) in experts and entry == ct.sbp.split(0):  # sharded by expert parallel
+                kept.add(id(p))  # over an expert axis that is the data axis: kept as it is
+                continue
             if not isinstance(entry, ct.sbp.Broadcast):
                 raise ValueError(f"{fn}: parameter {name!r} is {ct.sbp.format_sbp(current)} "
                                  f"on {placement!r}, not broadcast along mesh axis {dp_axis} "
                                  f"(the data-parallel axis); lay it out with the other "
                                  f"axes' (tensor-parallel) SBPs only, broadcast along "
-                                 f"{dp_axis}, before fully_shard")
+                                 f"{dp_axis}, before fully_shard (only an nn.MoE's experts "
+                                 f"may be split there already: expert parallelism)")
         else:
             current = (B,) * placement.ndim
         plans.append((p, current, _stored_sbp(tuple(p.shape), current, dp_axis, size)))
@@ -531,7 +541,7 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
         unit = _unit(m)
         unit.spec, unit.schedule = spec, schedule
         for pname, p in m.named_parameters(recurse=False, remove_duplicate=False):
-            if isinstance(p.sbp[dp_axis], ct.sbp.Split):
+            if isinstance(p.sbp[dp_axis], ct.sbp.Split) and id(p) not in kept:
                 full = list(p.sbp)
                 full[dp_axis] = B
                 unit.full_sbp[pname] = tuple(full)

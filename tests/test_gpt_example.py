@@ -221,3 +221,15 @@ def test_expert_parallel_gives_the_loss_curve_of_one_process(train, moe_referenc
     history = _run_config(train, config, TINY + MOE + ["--ep", "2"])
     np.testing.assert_allclose(history, moe_reference, rtol=1e-9, atol=0)
     assert history[-1] < history[0]
+
+
+@pytest.mark.parametrize("config, extra", [
+    ("2x1x1", ["--fsdp"]), ("2x2x1", ["--fsdp", "zero2", "--recompute", "selective"]),
+    ("2x2x1", ["--sp", "--recompute"]), ("4x1x1", ["--fsdp"])],
+    ids=["ep2-fsdp", "ep2xtp2-zero2-selective", "ep2xtp2-sp-recompute", "ep2xdp2-fsdp"])
+def test_expert_parallel_composes(train, moe_reference, config, extra):
+    """EP 2 with FSDP (the experts, split over the data axis when --ep = --dp, are kept as
+    laid out and never gathered; the rest fully sharded), sequence parallel and recompute:
+    one process's loss curve (dropout on)."""
+    history = _run_config(train, config, TINY + MOE + ["--ep", "2"] + extra)
+    np.testing.assert_allclose(history, moe_reference, rtol=1e-9, atol=0)

@@ -197,6 +197,31 @@ def test_layouts_same_bits_one_all_to_all_each_way(name):
     assert stats["tokens_per_expert"].sum() + stats["dropped"] == G * T * 2
 
 
+def test_fully_shard_keeps_the_experts_split_over_the_data_axis():
+    """FSDP on the axis that is also the expert axis: the experts (already S(0) there) stay
+    as they are and are never gathered; the router is stored sharded and gathered for its
+    forward; values equal one process's, the two all-to-alls unchanged."""
+    x, weight = _inputs()
+    with world(2):
+        y0, aux0, grads0 = _one_process(x, weight)
+        mesh = ct.placement("cpu", [0, 1])
+        moe = _model()
+        moe.to_global(mesh, nn.parallel.expert_parallel_rules(moe, mesh_ndim=1, ep_axis=0))
+        nn.fully_shard(moe, mesh, dp_axis=0)
+        assert moe.w1.sbp == (S(0),) and moe.w2.sbp == (S(0),)
+        assert moe.router.weight.sbp == (S(0),)  # stored sharded by FSDP
+        y, aux, grads, forward, backward = _step(moe, x, weight, mesh, (S(0),))
+    np.testing.assert_array_equal(y, y0)
+    assert aux == aux0
+    for got, want in zip(grads, grads0):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+    assert forward.collectives().count("all_to_all") == 2, forward.summary()
+    gathered = [e for e in forward if e.collective == "all_gather"]
+    assert gathered and all(e.shape == tuple(grads0[1].shape) for e in gathered), \
+        forward.summary()  # the router's weight only, never an expert's
+    assert [e.collective for e in backward].count("all_to_all") == 2, backward.summary()
+
+
 def test_uneven_experts_over_the_expert_axis_raise():
     """3 experts over 2 ranks: a ValueError naming the fix, on every rank, before any op."""
     x, _ = _inputs()
