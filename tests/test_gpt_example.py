@@ -233,3 +233,21 @@ def test_expert_parallel_composes(train, moe_reference, config, extra):
     one process's loss curve (dropout on)."""
     history = _run_config(train, config, TINY + MOE + ["--ep", "2"] + extra)
     np.testing.assert_allclose(history, moe_reference, rtol=1e-9, atol=0)
+
+
+FP16 = [a if a != "float64" else "float32" for a in TINY] + ["--precision", "fp16"]
+
+
+@pytest.mark.parametrize("layout, size", [
+    (MOE + ["--dp", "2", "--ep", "2"], 2), (["--cp", "2"], 2), (["--dp", "2", "--cp", "2"], 4)],
+    ids=["ep2", "cp2", "dp2xcp2"])
+def test_expert_and_context_parallel_in_mixed_precision(train, layout, size):
+    """--precision fp16 (float16 compute, float32 master weights, loss scaling) with expert
+    parallel and context parallel: the one-process fp16 curve within float16 rounding."""
+    if MPI_MODE and ct.world_size() != size:
+        pytest.skip(f"needs exactly {size} ranks")
+    moe = layout[:len(MOE)] if layout[:len(MOE)] == MOE else []
+    want = train.run(FP16 + moe + ["--simulate", "1"])
+    got = train.run(FP16 + layout + ([] if MPI_MODE else ["--simulate", str(size)]))
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=0)
+    assert got[-1] < got[0]
