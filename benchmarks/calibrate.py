@@ -2,26 +2,34 @@
 
 Writes the ``cpu`` table of ``ctensor/devices.toml`` (or of ``--output PATH``), the one the
 signature choice prices ``"cpu"`` placements with and ``ct.plan`` prices a CPU step with
-(:mod:`ctensor.cost`). It measures in a fresh process with one BLAS thread per rank, as
-the benchmarks run. It measures, each as
-the median of repeats:
+(:mod:`ctensor.cost`). It measures in a fresh process with one BLAS thread per rank, as the
+benchmarks run; each figure is the best of its repeats (the quiet machine's speed: another
+process that takes the core for a moment slows some repeats, never speeds one up):
 
-* ``peak_flops_fp32`` / ``peak_flops``: a float32 / float16 NumPy GEMM (``--gemm`` sizes);
+* ``gemm`` / ``gemm_fp64``: FLOP/s of square float32 / float64 NumPy GEMMs of sizes 8 to
+  512, keyed by their arithmetic intensity (FLOPs per byte touched): a small GEMM runs far
+  below a large one's rate; ``peak_flops_fp32`` is the largest rate, ``peak_flops`` a
+  float16 GEMM's;
 * ``memory_bandwidth``: bytes read plus written per second of NumPy's elementwise add over
-  operands of ``--stream-bytes`` (the cost model's byte count: inputs plus outputs);
+  float32 operands of 4 MiB (the cost model's byte count: inputs plus outputs);
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
   clip, AdamW) of a GPT so small (d = 8) that its kernels cost nothing: the step's measured
-  time, less its kernels' roofline, over the ops a shape-only trace of it counts;
-* ``efficiency``: the fraction of those GEMM and streaming rates the kernels of a GPT step
-  reach (NumPy's several passes per LayerNorm or softmax, strided batched matmuls, the
-  embedding's scatter-add): the roofline of a d = 96 GPT step's kernels over its measured
-  time less its dispatch;
+  time, less its kernels' price, over the ops a shape-only trace of it counts;
+* ``kernels``: per op, the fraction of those curves its kernels reached in profiled
+  training steps (``ct.debug.profile``, kernel regions by op name, less ctensor's own work
+  per kernel call) of a d = 160 GPT (float32) and of the Llama of
+  ``tests/test_pytorch_programs.py`` at d = 128 (float64) — NumPy's
+  several passes per LayerNorm or softmax, GELU's transcendentals, strided batched matmuls,
+  an embedding's scatter-add; ``efficiency`` (for the ops not named, and for every op where
+  the choice prices a kernel without its name): the same fraction over all those kernels
+  together;
 * under ``mpiexec -n 2`` (started by this command; skipped without mpi4py or ``--no-mpi``):
   ``intra_latency`` — half an MPI ping-pong of 8 bytes; ``call_overhead`` — a ctensor
-  all-reduce of one element less its two latency steps and one op's dispatch;
+  all-reduce of one element less its latency step and one op's dispatch;
   ``intra_bandwidth`` — the bytes one rank sends per second in a ctensor all-reduce of
-  ``--mpi-bytes`` (its time less the small one's). One node: the ``inter_*`` figures repeat
-  the ``intra_*`` ones.
+  ``--mpi-bytes`` (its time less the small one's); ``contention``: how much slower the
+  d = 160 GPT's kernels run on both ranks at once than alone (shared caches and memory
+  bandwidth). One node: the ``inter_*`` figures repeat the ``intra_*`` ones.
 
 ``--quick``: smaller sizes and fewer repeats (about half a minute). Rerun it on a quiet
 machine: a loaded one measures the other processes too.
@@ -32,7 +40,6 @@ import argparse
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
@@ -43,23 +50,53 @@ import numpy as np
 __all__ = ["measure", "write_table", "main"]
 
 
-def _median_seconds(fn, repeats: int, inner: int = 1) -> float:
+def _best_seconds(fn, repeats: int, inner: int = 1) -> float:
+    """The least mean seconds of ``fn()`` over ``repeats`` blocks of ``inner`` calls."""
     fn()  # warm-up
-    times = []
+    best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()
         for _ in range(inner):
             fn()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
+        best = min(best, (time.perf_counter() - t0) / inner)
+    return best
 
 
-def gemm_rate(n: int, dtype, repeats: int) -> float:
-    """FLOP/s of an ``n x n`` by ``n x n`` NumPy matmul (``2 n^3`` FLOPs)."""
+def _inner(seconds_guess: float) -> int:
+    """Calls per timed block: about a millisecond's worth."""
+    return max(1, min(2000, int(1e-3 / max(seconds_guess, 1e-7))))
+
+
+def gemm_seconds(n: int, dtype, repeats: int) -> float:
+    """Seconds of an ``n x n`` by ``n x n`` NumPy matmul (``2 n^3`` FLOPs)."""
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n)).astype(dtype) for _ in range(2))
     out = np.empty((n, n), dtype)
-    return 2.0 * n ** 3 / _median_seconds(lambda: np.matmul(a, b, out=out), repeats)
+    inner = _inner(2.0 * n ** 3 / 5e10)
+    return _best_seconds(lambda: np.matmul(a, b, out=out), repeats, inner)
+
+
+def gemm_rate(n: int, dtype, repeats: int) -> float:
+    """FLOP/s of an ``n x n`` by ``n x n`` NumPy matmul."""
+    return 2.0 * n ** 3 / gemm_seconds(n, dtype, repeats)
+
+
+GEMM_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+def gemm_curve(dtype, repeats: int, sizes=GEMM_SIZES) -> list:
+    """``[[FLOPs per byte, FLOP/s], ...]`` of square GEMMs (``2 n^3`` FLOPs over ``3 n^2``
+    elements), each less the per-call cost of NumPy's matmul (a 1 x 1 one's time: part of
+    ``op_overhead``, which every dispatched op is charged); a size whose time is not
+    clearly above that cost is left out."""
+    itemsize = np.dtype(dtype).itemsize
+    call = gemm_seconds(1, dtype, repeats)
+    out = []
+    for n in sizes:
+        t = gemm_seconds(n, dtype, repeats)
+        if t > 1.5 * call:
+            out.append([2.0 * n / (3 * itemsize), 2.0 * n ** 3 / (t - call)])
+    return out
 
 
 def stream_rate(nbytes: int, repeats: int) -> float:
@@ -67,7 +104,7 @@ def stream_rate(nbytes: int, repeats: int) -> float:
     a = np.ones(max(1, nbytes // 4), np.float32)
     b, c = a.copy(), np.empty_like(a)
     inner = max(1, (64 << 20) // max(nbytes, 1))
-    return 3.0 * a.nbytes / _median_seconds(lambda: np.add(a, b, out=c), repeats, inner)
+    return 3.0 * a.nbytes / _best_seconds(lambda: np.add(a, b, out=c), repeats, inner)
 
 
 #: the GPTs the per-op cost and the kernels' efficiency are measured on: (vocabulary,
@@ -75,7 +112,10 @@ def stream_rate(nbytes: int, repeats: int) -> float:
 #: the second's kernels cost about as much as its dispatch (neither is a size of
 #: ``benchmarks/predict.py``)
 TINY_GPT = (16, 8, 2, 2, 8, 2)
-MEDIUM_GPT = (256, 48, 2, 4, 96, 12)
+MEDIUM_GPT = (256, 48, 2, 4, 160, 16)
+#: the Llama of tests/test_pytorch_programs.py the kernels of a PyTorch-style program are
+#: measured on (float64): vocabulary, width, layers, heads, batch, sequence
+MEDIUM_LLAMA = (512, 128, 2, 4, 4, 64)
 
 
 def _gpt_step(vocab: int, seq: int, layers: int, heads: int, width: int, batch: int):
@@ -99,32 +139,147 @@ def _gpt_step(vocab: int, seq: int, layers: int, heads: int, width: int, batch: 
     return step
 
 
-def _gpt_figures(size: tuple, repeats: int, dev) -> tuple:
-    """``(measured seconds, ops, kernels' roofline seconds on dev)`` of one step."""
+def _llama_step(vocab: int, width: int, layers: int, heads: int, batch: int, seq: int):
+    """A closure running one forward + backward of the PyTorch-style Llama (float64), or
+    None where tests/test_pytorch_programs.py is not at hand."""
+    import ctensor as ct
+    tests = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests")
+    if not os.path.exists(os.path.join(tests, "test_pytorch_programs.py")):
+        return None
+    sys.path.insert(0, tests)
+    try:
+        import test_pytorch_programs as programs
+    except ImportError:
+        return None
+    finally:
+        sys.path.remove(tests)
+    import ctensor.nn as nn
+    import ctensor.nn.functional as F
+    ct.manual_seed(0)
+    before = ct.get_default_dtype()
+    ct.set_default_dtype(np.float64)
+    try:
+        model = type(programs.llama(ct, nn, F))(vocab_size=vocab, dim=width, n_layers=layers,
+                                                n_heads=heads, max_seq_len=seq)
+    finally:
+        ct.set_default_dtype(before)
+    rng = np.random.default_rng(0)
+    x, y = (ct.tensor(rng.integers(0, vocab, (batch, seq))) for _ in range(2))
+
+    def step():
+        ct.set_default_dtype(np.float64)  # (as llama_tp.py runs it)
+        try:
+            model(x, y).backward()
+        finally:
+            ct.set_default_dtype(before)
+        for p in model.parameters():
+            p.grad = None
+    return step
+
+
+def _trace(make, size):
     import ctensor as ct
     with ct.simulate(1, meta=True), ct.plan.record() as trace:
-        _gpt_step(*size)()
-    ops = sum(w.count for w in trace.ops.values())
-    kernels = sum(ct.plan.op_seconds(trace, replace(dev, op_overhead=0.0, efficiency=1.0),
-                                     fused=False).values())
+        make(*size)()
+    return trace
+
+
+def _profiled(make, size, repeats: int, profiled: bool = True) -> tuple:
+    """``(least seconds of a step, {op: kernel seconds per step}, {op: kernel calls per
+    step})`` of a step run for real (``profiled=False``: the first only). Each step is
+    profiled on its own and each op's kernels counted at their least over the steps (as
+    every figure here: another process that takes the core slows some steps)."""
+    import ctensor as ct
     with ct.simulate(1):
-        step = _gpt_step(*size)
+        step = make(*size)
         for _ in range(3):  # plans, caches
             step()
-        seconds = _median_seconds(step, repeats)
-    return seconds, ops, kernels
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+        if not profiled:
+            return min(times), {}, {}
+        kernels, calls = {}, {}
+        for _ in range(repeats):
+            with ct.debug.profile() as prof:
+                step()
+            mine, count = {}, {}
+            for name, column, _, seconds in prof.events:
+                if ct.profile.COLUMNS[column] in ("forward kernels", "backward kernels",
+                                                  "optimizer"):
+                    mine[name] = mine.get(name, 0.0) + seconds
+                    count[name] = count.get(name, 0) + 1
+            for name, seconds in mine.items():
+                kernels[name] = min(kernels.get(name, seconds), seconds)
+            calls = count
+    return min(times), kernels, calls
+
+
+def _priced(trace, dev) -> dict:
+    """Per op of ``trace``: its kernels' seconds on ``dev`` (every run at its own size)."""
+    import ctensor as ct
+    dev = replace(dev, op_overhead=0.0)
+    out = {}
+    for w in trace.ops.values():
+        if not w.view:
+            t = ct.plan.op_seconds(_one(trace, w), dev, fused=False)
+            out[w.op] = out.get(w.op, 0.0) + sum(t.values())
+    return out
+
+
+def _one(trace, w):
+    import ctensor as ct
+    one = ct.plan.record()
+    one.ops = {0: w}
+    return one
 
 
 def op_overhead(repeats: int, dev) -> tuple:
-    """``(seconds per dispatched op, kernel efficiency)``: the tiny GPT's step less its
-    kernels' roofline, over its ops; then the fraction of the roofline (GEMM and streaming
-    rates) the medium GPT's kernels reach, its step less its dispatch (see the module
-    docstring). ``dev``: the measured rates."""
-    seconds, ops, kernels = _gpt_figures(TINY_GPT, repeats, dev)
-    per_op = max(seconds - kernels, 0.0) / ops
-    seconds, ops, kernels = _gpt_figures(MEDIUM_GPT, max(3, repeats // 2), dev)
-    efficiency = kernels / max(seconds - per_op * ops, kernels)
-    return per_op, max(efficiency, 0.01)
+    """``(seconds per dispatched op, seconds per kernel call)``: the tiny GPT's step less its
+    kernels' price, over its ops; and what its profiled kernels took beyond their price,
+    per kernel call (ctensor's own work around NumPy's: part of the first figure, taken
+    out of the kernels measured at larger sizes). ``dev``: the measured curves."""
+    trace = _trace(_gpt_step, TINY_GPT)
+    ops = sum(w.count for w in trace.ops.values())
+    prices = _priced(trace, dev)
+    seconds, kernels, calls = _profiled(_gpt_step, TINY_GPT, repeats)
+    beyond = sum(kernels.values()) - sum(prices.get(op, 0.0) for op in kernels)
+    return (max(seconds - sum(prices.values()), 0.0) / ops,
+            max(beyond, 0.0) / max(sum(calls.values()), 1.0))
+
+
+def kernel_efficiencies(repeats: int, dev, per_call: float) -> tuple:
+    """``([[op, efficiency], ...], efficiency of the others)``: per op, its kernels' price
+    on the measured curves (efficiency 1) over their profiled time less ``per_call`` a
+    call, summed over the medium GPT's and the medium Llama's steps (an op is measured
+    where the profile saw as many of its kernels as the trace counts); the others'
+    figure: the same over all measured kernels together."""
+    priced: dict = {}
+    measured: dict = {}
+    alone = None
+    for make, size in ((_gpt_step, MEDIUM_GPT), (_llama_step, MEDIUM_LLAMA)):
+        if make(*size) is None:
+            continue
+        trace = _trace(make, size)
+        prices = _priced(trace, dev)
+        counts, flops = {}, {}
+        for w in trace.ops.values():
+            if not w.view:
+                counts[w.op] = counts.get(w.op, 0) + w.count
+                flops[w.op] = flops.get(w.op, 0.0) + w.flops
+        seconds, kernels, calls = _profiled(make, size, max(3, repeats // 2))
+        if alone is None:  # the GPT's: (seconds, ops)
+            alone = (seconds, sum(w.count for w in trace.ops.values()))
+        for op, n in counts.items():
+            if op in kernels and abs(calls[op] - n) < 0.5 and prices.get(op, 0) > 0:
+                took = max(kernels[op] - per_call * n, prices[op])
+                priced[op] = priced.get(op, 0.0) + prices[op]
+                measured[op] = measured.get(op, 0.0) + took
+    table = [[op, max(0.01, min(2.0, priced[op] / measured[op]))] for op in sorted(priced)]
+    overall = sum(priced.values()) / max(sum(measured.values()), 1e-12)
+    return table, max(0.01, min(1.0, overall)), alone
 
 
 def mpi_worker(nbytes: int, repeats: int) -> None:
@@ -143,21 +298,25 @@ def mpi_worker(nbytes: int, repeats: int) -> None:
             comm.Recv(small, peer, tag=7)
             comm.Send(small, peer, tag=7)
     comm.Barrier()
-    latency = _median_seconds(ping, repeats, 200) / 2
+    latency = _best_seconds(ping, repeats, 200) / 2
     p = ct.placement("cpu", [0, 1])
     P, B = ct.sbp.partial_sum, ct.sbp.broadcast
 
-    def all_reduce(n):
-        x = ct.ones(n, dtype=ct.float32, placement=p, sbp=P)
-        return lambda: x.to_global(sbp=B)
+    def timed(fn, guess):
+        comm.Barrier()
+        return comm.allreduce(_best_seconds(fn, repeats, _inner(guess)), op=MPI.MAX)
+
+    one = ct.ones(1, dtype=ct.float32, placement=p, sbp=P)
+    t_small = timed(lambda: one.to_global(sbp=B), 2e-5)
+    x = ct.ones(max(1, nbytes // 4), dtype=ct.float32, placement=p, sbp=P)
+    t_big = timed(lambda: x.to_global(sbp=B), nbytes / 4e9)
     comm.Barrier()
-    t_small = _median_seconds(all_reduce(1), repeats, 50)
-    comm.Barrier()
-    t_big = _median_seconds(all_reduce(max(1, nbytes // 4)), repeats)
-    t_small, t_big = (comm.allreduce(t, op=MPI.MAX) for t in (t_small, t_big))
+    together, _, _ = _profiled(_gpt_step, MEDIUM_GPT, max(3, repeats // 2), profiled=False)
+    together = comm.allreduce(together, op=MPI.MAX)
     if comm.rank == 0:
         print(json.dumps({"latency": latency, "all_reduce_small": t_small,
-                          "all_reduce_big": t_big, "nbytes": (nbytes // 4) * 4}))
+                          "all_reduce_big": t_big, "nbytes": (nbytes // 4) * 4,
+                          "together": together}))
 
 
 def _mpi(nbytes: int, repeats: int) -> dict:
@@ -177,24 +336,34 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
     """This machine's ``cpu`` table (a dict of :class:`ctensor.cost.Device` fields)."""
     from ctensor import cost
     r = repeats or (5 if quick else 15)
-    gemm = 256 if quick else 512
-    table = {"peak_flops_fp32": gemm_rate(gemm, np.float32, r),
+    sizes = GEMM_SIZES[:-1] if quick else GEMM_SIZES
+    table = {"gemm": gemm_curve(np.float32, r, sizes),
+             "gemm_fp64": gemm_curve(np.float64, r, sizes),
              "peak_flops": gemm_rate(64 if quick else 128, np.float16, max(3, r // 3)),
              "memory_bandwidth": stream_rate(4 << 20, r)}
+    table["peak_flops_fp32"] = max(rate for _, rate in table["gemm"])
     table["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     base = cost.machine("cpu")
-    guess = replace(base, **table, efficiency=1.0)
-    table["op_overhead"], table["efficiency"] = op_overhead(r, guess)
+    curves = {k: tuple(map(tuple, v)) for k, v in table.items()
+              if k in ("gemm", "gemm_fp64")}
+    plain = replace(base, **{k: v for k, v in table.items() if k not in curves}, **curves,
+                    kernels=(), efficiency=1.0)
+    table["op_overhead"], per_call = op_overhead(r, plain)
+    table["kernels"], table["efficiency"], alone = kernel_efficiencies(r, plain, per_call)
     table.update(intra_latency=base.intra_latency, intra_bandwidth=base.intra_bandwidth,
                  call_overhead=base.call_overhead)
     if mpi:
         m = _mpi((8 << 20) if quick else (32 << 20), r)
         table["intra_latency"] = m["latency"]
-        table["call_overhead"] = max(0.0, m["all_reduce_small"] - 2 * m["latency"]
+        table["call_overhead"] = max(0.0, m["all_reduce_small"] - m["latency"]
                                      - table["op_overhead"])
         # a ring all-reduce on 2 ranks sends its whole buffer once
         table["intra_bandwidth"] = m["nbytes"] / max(m["all_reduce_big"] -
                                                      m["all_reduce_small"], 1e-9)
+        # the medium GPT's step on both ranks at once against alone: its kernels' share
+        dispatch = alone[1] * table["op_overhead"]
+        table["contention"] = max(1.0, (m["together"] - dispatch) /
+                                  max(alone[0] - dispatch, 1e-9))
     table["inter_latency"], table["inter_bandwidth"] = (table["intra_latency"],
                                                         table["intra_bandwidth"])
     return table
@@ -202,14 +371,22 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
 
 _ORDER = ["peak_flops", "peak_flops_fp32", "memory_bytes", "memory_bandwidth",
           "intra_bandwidth", "inter_bandwidth", "intra_latency", "inter_latency",
-          "call_overhead", "op_overhead", "efficiency"]
+          "call_overhead", "op_overhead", "efficiency", "contention", "gemm", "gemm_fp64",
+          "kernels"]
 
 
 def write_table(path: str, name: str, table: dict, note: str = "") -> None:
     """Replace (or append) the ``[name]`` table of the TOML file ``path``, keeping the rest
     of the file (comments included) as it is."""
     def value(k):
-        return str(int(table[k])) if k == "memory_bytes" else repr(float(table[k]))
+        v = table[k]
+        if k == "memory_bytes":
+            return str(int(v))
+        if isinstance(v, (list, tuple)):  # a curve, on one line
+            return "[" + ", ".join("[" + ", ".join(f'"{e}"' if isinstance(e, str) else
+                                                   f"{float(e):.6g}" for e in p) + "]"
+                                   for p in v) + "]"
+        return repr(float(v))
     body = [f'["{name}"]'] + [f"{k} = {value(k)}" for k in _ORDER if k in table]
     text = open(path).read() if os.path.exists(path) else ""
     header = re.compile(r'^\[\s*"?' + re.escape(name) + r'"?\s*\]\s*$', re.M)
@@ -269,7 +446,11 @@ def main(argv=None) -> dict:
     table = measure(a.quick, mpi, a.repeats)
     for k in _ORDER:
         if k in table:
-            print(f"{k:>18} = {table[k]:.4g}")
+            v = table[k]
+            shown = f"{v:.4g}" if not isinstance(v, list) else \
+                ", ".join(f"{x}: {y:.3g}" if isinstance(x, str) else f"{x:.3g}: {y:.3g}"
+                          for x, y in v)
+            print(f"{k:>19} = {shown}")
     load = os.getloadavg()[0]
     note = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by python -m "
             f"benchmarks/calibrate.py{' --quick' if a.quick else ''} in "

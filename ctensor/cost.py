@@ -18,10 +18,19 @@ here, on one kind of device description (:class:`Device`, read from ``ctensor/de
   the network with ``inter_bandwidth`` per rank of the group on a node (NCCL runs one ring
   per NIC), at most ``intra_bandwidth``, and ``inter_latency`` per step;
 * **computation** (:func:`compute`) — the roofline of the kernel on its largest shard:
-  ``max(flops / peak, bytes / memory_bandwidth) / efficiency`` (``peak``: the half-precision
-  one for 2-byte dtypes, else the float32 one), plus ``op_overhead`` per dispatched op where
-  a whole step is priced (:func:`dispatch`: Python dispatch and the autograd tape, which
-  dominate on a CPU at small sizes; the choice leaves it out, as every candidate pays it);
+  ``max(flops / rate, bytes / memory_bandwidth) / efficiency`` (``rate``: the half-precision
+  peak for 2-byte dtypes, else the float32 one — or, where the table has a measured
+  ``gemm`` / ``gemm_fp64`` curve, the FLOP/s a GEMM of the kernel's arithmetic intensity
+  reached: small GEMMs run far below a large one's rate), plus ``op_overhead`` per
+  dispatched op where a whole step is priced (:func:`dispatch`: Python dispatch and the
+  autograd tape, which dominate on a CPU at small sizes; the choice leaves it out, as every
+  candidate pays it). ``efficiency`` is the table's, or, for an op the table's measured
+  ``kernels`` names, that op's (a price given the op's name: ``ct.plan``'s); a kernel
+  priced as running while every rank of the machine computes (``ranks > 1``) is slowed by
+  the table's ``contention`` (shared caches and memory bandwidth; 1 on the GPU tables).
+  The choice (:mod:`ctensor.choice`, :mod:`ctensor.stepsolve`) prices with the same
+  function and table without an op name or concurrency: those two factors scale every
+  candidate of one op alike;
 * **deferred reductions** (:func:`deferred`) — a partial output will be reduced later: it is
   charged the cheapest reduction it can take (a reduce-scatter of its shard) now.
 
@@ -41,7 +50,9 @@ machine and writes its ``cpu`` table.
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import math
 import os
 import tomllib
@@ -72,7 +83,17 @@ class Device:
     ``intra_bandwidth`` / ``inter_bandwidth``: bytes/s one rank sends inside its node / off
     it; ``intra_latency`` / ``inter_latency``: seconds per collective step. Optional:
     ``call_overhead`` (seconds per collective call, default 0), ``op_overhead`` (seconds per
-    dispatched op, default 0), ``efficiency`` (of the peaks, default :data:`EFFICIENCY`).
+    dispatched op, default 0), ``efficiency`` (of the peaks, default :data:`EFFICIENCY`),
+    ``contention`` (how much slower kernels run while every core of the machine runs a
+    rank: shared caches and memory bandwidth; default 1).
+
+    Measured curves (``benchmarks/calibrate.py`` writes them for this machine; a table
+    without them is priced from its peaks), TOML lists of ``[x, y]`` pairs with ``x``
+    increasing: ``gemm`` / ``gemm_fp64`` — ``[FLOPs per byte, FLOP/s]`` of float32 /
+    float64 GEMMs (a GEMM's arithmetic intensity grows with its size, and so does its
+    speed; linear in ``log x`` between points, the end's rate beyond them); ``kernels`` —
+    ``[op name, efficiency]``: the fraction of the roofline an op's kernels reached in a
+    measured training step (``efficiency`` for the ops it does not name).
     """
 
     name: str
@@ -87,10 +108,16 @@ class Device:
     call_overhead: float = 0.0
     op_overhead: float = 0.0
     efficiency: float = EFFICIENCY
+    contention: float = 1.0
+    gemm: tuple = ()        # ((FLOPs per byte, FLOP/s), ...) of float32 GEMMs
+    gemm_fp64: tuple = ()   # the same of float64 GEMMs
+    kernels: tuple = ()     # ((op name, efficiency), ...)
 
 
-_OPTIONAL = ["call_overhead", "op_overhead", "efficiency"]
-_REQUIRED = [f.name for f in fields(Device) if f.name not in ["name"] + _OPTIONAL]
+_OPTIONAL = ["call_overhead", "op_overhead", "efficiency", "contention"]
+#: the measured curves (lists of ``[x, y]`` pairs; see :class:`Device`)
+_CURVES = ["gemm", "gemm_fp64", "kernels"]
+_REQUIRED = [f.name for f in fields(Device) if f.name not in ["name"] + _OPTIONAL + _CURVES]
 _devices: dict = {}
 _overrides: dict = {}   # device kind -> Device (set_machine)
 _listeners: list = []
@@ -115,13 +142,13 @@ def load_devices(path: str = DEVICE_FILE) -> dict:
     out = {}
     for name, table in tables.items():
         missing = [k for k in _REQUIRED if k not in table]
-        unknown = [k for k in table if k not in _REQUIRED + _OPTIONAL]
+        unknown = [k for k in table if k not in _REQUIRED + _OPTIONAL + _CURVES]
         if missing or unknown:
             raise ValueError(f"load_devices: device {name!r} in {path}: missing keys "
                              f"{missing}, unknown keys {unknown}; expected exactly "
-                             f"{_REQUIRED} (optional: {_OPTIONAL})")
-        where = f"load_devices: device {name!r} in {path}"
-        out[name] = Device(name, **{k: _check_number(where, k, v) for k, v in table.items()})
+                             f"{_REQUIRED} (optional: {_OPTIONAL}; measured curves: "
+                             f"{_CURVES})")
+        out[name] = _from_table(f"load_devices: device {name!r} in {path}", name, table)
     if not _devices and path != DEVICE_FILE:
         _load_default()
     _devices.update(out)
@@ -129,11 +156,38 @@ def load_devices(path: str = DEVICE_FILE) -> dict:
     return out
 
 
+def _check_curve(where: str, key: str, value) -> tuple:
+    """A measured curve: a list of ``[x, y]`` pairs of numbers >= 0 with ``x`` increasing
+    (``kernels``: ``[op name, efficiency > 0]``), as a tuple of tuples."""
+    pairs = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 for p in value)
+    if pairs and key == "kernels":
+        ok = all(isinstance(n, str) and _number(e) and e > 0 for n, e in value)
+        if ok:
+            return tuple((n, float(e)) for n, e in value)
+        raise ValueError(f"{where}: {key} must be a list of [op name, efficiency > 0] pairs, "
+                         f"got {value!r}")
+    if pairs and all(_number(v) and v >= 0 for p in value for v in p) and \
+            all(a[0] < b[0] for a, b in zip(value, value[1:])):
+        return tuple((float(x), float(y)) for x, y in value)
+    raise ValueError(f"{where}: {key} must be a non-empty list of [x, y] pairs of numbers "
+                     f">= 0 with x increasing, got {value!r}")
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _from_table(where: str, name: str, table: dict) -> Device:
+    return Device(name, **{k: _check_curve(where, k, v) if k in _CURVES else
+                           _check_number(where, k, v) for k, v in table.items()})
+
+
 def _load_default() -> None:
     with open(DEVICE_FILE, "rb") as f:
         tables = tomllib.load(f)
     for name, table in tables.items():
-        _devices[name] = Device(name, **{k: float(v) for k, v in table.items()})
+        _devices[name] = _from_table(f"device {name!r} in {DEVICE_FILE}", name, table)
 
 
 def devices() -> dict:
@@ -177,16 +231,18 @@ def set_machine(kind: str, base: Union[None, str, Device] = None, **speeds) -> D
     >>> ct.cost.set_machine("cuda", "h100")                # choose as on an H100
     """
     current = machine(kind)
+    checked = {}
     for key, value in speeds.items():
-        if key not in _REQUIRED + _OPTIONAL:
+        if key not in _REQUIRED + _OPTIONAL + _CURVES:
             raise TypeError(f"cost.set_machine: unknown field {key!r}; accepted: "
-                            f"{_REQUIRED + _OPTIONAL}")
-        _check_number("cost.set_machine", key, value)
+                            f"{_REQUIRED + _OPTIONAL + _CURVES}")
+        checked[key] = (_check_curve if key in _CURVES else _check_number)(
+            "cost.set_machine", key, value)
     if base is None and not speeds:
         _overrides.pop(kind, None)
     else:
         start = current if base is None else device(base)
-        _overrides[kind] = replace(start, **{k: float(v) for k, v in speeds.items()})
+        _overrides[kind] = replace(start, **checked)
     _changed()
     return machine(kind)
 
@@ -295,17 +351,45 @@ def collective(kind: str, group_size: int, nbytes: float, device: Union[str, Dev
 
 
 # ----------------------------------------------------------------------------- computation
+def _rate(curve: tuple, x: float) -> float:
+    """A measured ``(x, rate)`` curve at ``x``: linear in ``log x`` between its points, the
+    end's rate beyond them."""
+    if x <= curve[0][0]:
+        return curve[0][1]
+    hi = bisect.bisect_left(curve, (x,))
+    if hi == len(curve):
+        return curve[-1][1]
+    (x0, y0), (x1, y1) = curve[hi - 1], curve[hi]
+    return y0 + (y1 - y0) * (math.log(x / x0) / math.log(x1 / x0) if x0 > 0 else 1.0)
+
+
+@functools.lru_cache(maxsize=64)
+def _kernel_table(kernels: tuple) -> dict:
+    return dict(kernels)
+
+
 def compute(device: Union[str, Device], nbytes: float, flops: Optional[float] = None,
-            itemsize: int = 4) -> float:
+            itemsize: int = 4, op: str = "", ranks: int = 1) -> float:
     """Seconds of a kernel that touches ``nbytes`` of memory (inputs and outputs) and, when
     given, performs ``flops`` floating-point operations (the larger time counts), on
-    ``itemsize``-byte elements (2: the half-precision peak)."""
+    ``itemsize``-byte elements (2: the half-precision peak; 8: the ``gemm_fp64`` curve where
+    the table has one). ``op``: the op's name (its efficiency from the table's ``kernels``,
+    if named there). ``ranks``: how many ranks of the machine compute at once (more than
+    one: the table's ``contention`` slows the kernel)."""
     d = _resolve(device)
     seconds = nbytes / d.memory_bandwidth
     if flops:
-        peak = d.peak_flops if itemsize <= 2 else d.peak_flops_fp32
-        seconds = max(seconds, flops / peak)
-    return seconds / d.efficiency
+        if itemsize <= 2:
+            rate = d.peak_flops
+        else:
+            curve = d.gemm_fp64 if itemsize >= 8 and d.gemm_fp64 else d.gemm
+            rate = _rate(curve, flops / max(nbytes, 1.0)) if curve else d.peak_flops_fp32
+        seconds = max(seconds, flops / rate)
+    efficiency = d.efficiency
+    if op and d.kernels:
+        efficiency = _kernel_table(d.kernels).get(op, efficiency)
+    seconds /= efficiency
+    return seconds * d.contention if ranks > 1 else seconds
 
 
 def kernel_work(opdef, inputs: tuple, outputs: tuple, attrs: dict) -> tuple:
@@ -333,7 +417,7 @@ def kernel_seconds(opdef, inputs: tuple, outputs: tuple, attrs: dict,
     if getattr(opdef, "view", False):
         return seconds
     flops, nbytes = kernel_work(opdef, inputs, outputs, attrs)
-    return seconds + compute(d, nbytes, flops, outputs[0].dtype.itemsize)
+    return seconds + compute(d, nbytes, flops, outputs[0].dtype.itemsize, opdef.name)
 
 
 def dispatch(device: Union[str, Device], ops: float = 1) -> float:

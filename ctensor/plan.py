@@ -65,20 +65,23 @@ def record() -> Trace:
 
 # ----------------------------------------------------------------------------- pricing
 def op_seconds(trace: Trace, dev: Device, efficiency: Optional[float] = None,
-               fused: bool = True) -> dict:
+               fused: bool = True, ranks: int = 1) -> dict:
     """``{placement: seconds}`` of the ops in ``trace``: each kernel on its largest shard
     (:func:`ctensor.cost.compute`) plus the device's ``op_overhead`` per dispatched op, views
     included (:func:`ctensor.cost.dispatch`). ``efficiency``: instead of the device's.
     ``fused``: kernels without declared FLOPs (memory-bound) cost nothing, except the
     softmax family (see :data:`OWN_KERNELS`) — as fused GPU kernels run them; a CPU step
-    runs every kernel (``fused=False``)."""
+    runs every kernel (``fused=False``). ``ranks``: the ranks computing at once on a
+    machine (:func:`ctensor.cost.compute`)."""
     if efficiency is not None:
         dev = replace(dev, efficiency=efficiency)
     out: dict = {}
     for w in trace.ops.values():
         seconds = cost.dispatch(dev, w.count)
         if not w.view and not (fused and not w.flops and not w.op.startswith(OWN_KERNELS)):
-            seconds += cost.compute(dev, w.nbytes, w.flops, w.dtype.itemsize)
+            seconds += sum(runs * cost.compute(dev, nbytes, flops, w.dtype.itemsize, w.op, ranks)
+                           for (flops, nbytes), runs in (w.sizes or {(w.flops, w.nbytes):
+                                                                     1}).items())
         if seconds:
             out[w.placement] = out.get(w.placement, 0.0) + seconds
     return out
@@ -293,11 +296,12 @@ def _per_device(seconds: dict, comms: list, device_of, n: int, dev, gpn, skip=()
 
 
 def stage_seconds(traces: Sequence[Trace], dev: Device, gpus_per_node: int,
-                  efficiency: Optional[float] = None, fused: bool = True, skip=()) -> list:
+                  efficiency: Optional[float] = None, fused: bool = True, skip=(),
+                  ranks: int = 1) -> list:
     """Seconds of one micro-batch per stage (one trace per stage): its ops
-    (:func:`op_seconds`) and its communication (:func:`comm_seconds`, less the ops named in
-    ``skip``), one after the other."""
-    return [sum(op_seconds(t, dev, efficiency, fused).values()) +
+    (:func:`op_seconds`, ``ranks`` of a node computing at once) and its communication
+    (:func:`comm_seconds`, less the ops named in ``skip``), one after the other."""
+    return [sum(op_seconds(t, dev, efficiency, fused, ranks).values()) +
             sum(comm_seconds(c, dev, gpus_per_node) * c.count for c in t.comms.values()
                 if c.op not in skip) for t in traces]
 
@@ -365,8 +369,10 @@ def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
                          f"{len(backward)} and {len(memory['saved'])}")
     fwd_comms = [c for t in forward for c in t.comms.values()]
     bwd_comms = [c for t in backward for c in t.comms.values()]
-    t_f = stage_seconds(forward, dev, gpus_per_node, efficiency, fused)
-    t_b = stage_seconds(backward, dev, gpus_per_node, efficiency, fused, skip=("grad_sync",))
+    at_once = min(world_size, gpus_per_node)  # ranks of a node computing at once
+    t_f = stage_seconds(forward, dev, gpus_per_node, efficiency, fused, ranks=at_once)
+    t_b = stage_seconds(backward, dev, gpus_per_node, efficiency, fused, skip=("grad_sync",),
+                        ranks=at_once)
 
     def per_rank(v):
         v = np.asarray(v, np.int64)[:world_size]
@@ -381,7 +387,8 @@ def step_report(*, stages: Sequence[Placement], forward: Sequence[Trace],
         if c.op == "grad_sync":
             sync[device_of[c.placement.rank_list[0]]] += comm_seconds(c, dev, gpus_per_node) \
                 * c.count
-    upd = _per_device(op_seconds(update, dev, efficiency, False), list(update.comms.values()),
+    upd = _per_device(op_seconds(update, dev, efficiency, False, at_once),
+                      list(update.comms.values()),
                       device_of, p, dev, gpus_per_node)
     tail = [a + b for a, b in zip(sync, upd)]
     slowest = int(np.argmax(tail))

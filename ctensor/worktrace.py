@@ -39,6 +39,9 @@ class OpWork:
     flops: float = 0.0
     nbytes: float = 0.0
     view: bool = False
+    #: ``{(flops, bytes): runs}`` of one run each: a kernel's speed depends on its size
+    #: (:func:`ctensor.cost.compute` prices each size on its own)
+    sizes: dict = None
 
 
 @dataclass
@@ -143,6 +146,9 @@ def op(opdef, targets: tuple, outs: tuple, attrs: dict, key) -> None:
         w.count += 1
         w.flops += flops
         w.nbytes += nbytes
+        if w.sizes is None:
+            w.sizes = {}
+        w.sizes[(flops, nbytes)] = w.sizes.get((flops, nbytes), 0) + 1
 
 
 def _axes(step) -> tuple:

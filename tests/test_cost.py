@@ -77,6 +77,76 @@ def test_kernel_seconds_of_a_matmul():
     assert seconds == pytest.approx(2e-6 + cost.compute(DEV, nbytes, flops))
 
 
+CURVED = cost.Device("curved", peak_flops=2e12, peak_flops_fp32=1e12, memory_bytes=2 ** 30,
+                     memory_bandwidth=1e11, intra_bandwidth=1e10, inter_bandwidth=1e9,
+                     intra_latency=1e-6, inter_latency=5e-6, efficiency=0.5, contention=1.5,
+                     gemm=((1.0, 1e10), (100.0, 1e12)), gemm_fp64=((1.0, 5e9), (100.0, 5e11)),
+                     kernels=(("matmul", 0.8), ("softmax", 0.1)))
+
+
+def test_compute_with_measured_curves():
+    # a GEMM's rate by its arithmetic intensity: linear in log(FLOPs per byte) between points
+    assert cost.compute(CURVED, 1e6, flops=1e8) == pytest.approx(1e8 / 1e12 / 0.5)
+    assert cost.compute(CURVED, 1e6, flops=1e7) == pytest.approx(1e7 / ((1e10 + 1e12) / 2) / 0.5)
+    assert cost.compute(CURVED, 1e6, flops=1e9) == pytest.approx(1e9 / 1e12 / 0.5)  # the end's
+    assert cost.compute(CURVED, 1e6, flops=1e5) == pytest.approx(1e6 / 1e11 / 0.5)  # bytes win
+    assert cost.compute(CURVED, 1e6, flops=1e8, itemsize=8) == pytest.approx(1e8 / 5e11 / 0.5)
+    assert cost.compute(CURVED, 1e6, flops=1e8, itemsize=2) == pytest.approx(1e8 / 2e12 / 0.5)
+    # an op the table measured runs at its own efficiency, the others at the table's
+    assert cost.compute(CURVED, 1e6, 1e8, op="matmul") == pytest.approx(1e8 / 1e12 / 0.8)
+    assert cost.compute(CURVED, 1e6, op="softmax") == pytest.approx(1e6 / 1e11 / 0.1)
+    assert cost.compute(CURVED, 1e6, op="gelu") == cost.compute(CURVED, 1e6)
+    # every rank of the machine computing at once: slowed by the contention
+    assert cost.compute(CURVED, 1e6, ranks=2) == pytest.approx(1.5 * cost.compute(CURVED, 1e6))
+    assert cost.compute(DEV, 1e6, ranks=2) == cost.compute(DEV, 1e6)  # default 1
+
+
+def _table(extra: str) -> str:
+    return ('["mine"]\npeak_flops = 1e12\npeak_flops_fp32 = 5e11\nmemory_bytes = 1e10\n'
+            'memory_bandwidth = 1e11\nintra_bandwidth = 1e10\ninter_bandwidth = 1e9\n'
+            'intra_latency = 1e-6\ninter_latency = 2e-6\n' + extra)
+
+
+@pytest.mark.parametrize("extra, key", [
+    ("gemm = [[10, 1e9], [1, 2e9]]", "gemm"),             # x not increasing
+    ("gemm_fp64 = [[1, -5.0]]", "gemm_fp64"),             # negative
+    ("gemm = []", "gemm"),                                # empty
+    ("gemm = [[1, 2, 3]]", "gemm"),                       # not pairs
+    ("gemm = 5.0", "gemm"),                               # not a list
+    ('kernels = [["matmul", 0]]', "kernels"),             # efficiency not > 0
+    ('kernels = [[1, 0.5]]', "kernels"),                  # not an op name
+    ("contention = 0", "contention")])
+def test_a_bad_curve_is_a_value_error_naming_its_key(tmp_path, extra, key):
+    path = tmp_path / "bad.toml"
+    path.write_text(_table(extra + "\n"))
+    with pytest.raises(ValueError, match=f"device 'mine' in .*: {key} must be"):
+        ct.plan.load_devices(str(path))
+
+
+def test_device_tables_take_measured_curves(tmp_path):
+    path = tmp_path / "curves.toml"
+    path.write_text(_table('contention = 1.25\ngemm = [[1, 1e10], [10, 4e11]]\n'
+                           'kernels = [["matmul", 0.9], ["softmax", 0.2]]\n'))
+    dev = ct.plan.load_devices(str(path))["mine"]
+    assert dev.gemm == ((1.0, 1e10), (10.0, 4e11)) and dev.gemm_fp64 == ()
+    assert dict(dev.kernels) == {"matmul": 0.9, "softmax": 0.2} and dev.contention == 1.25
+    before = cost.machine("cpu")
+    try:
+        changed = cost.set_machine("cpu", gemm=[[1, 2e10]], kernels=[["add", 0.5]])
+        assert changed.gemm == ((1.0, 2e10),) and changed.kernels == (("add", 0.5),)
+        with pytest.raises(ValueError, match="cost.set_machine: gemm must be"):
+            cost.set_machine("cpu", gemm=[[2, 1], [1, 1]])
+    finally:
+        cost.set_machine("cpu")
+    assert cost.machine("cpu") == before
+
+
+def test_the_cpu_table_is_measured_curves():
+    dev = cost.machine("cpu")
+    assert dev.gemm and dev.kernels and dict(dev.kernels).get("matmul", 0) > 0
+    assert 0 < dev.efficiency <= 1 and dev.contention >= 1
+
+
 # ----------------------------------------------------------------------------- device tables
 def test_the_choice_prices_with_the_device_tables():
     assert cost.machine("cpu") == ct.plan.device("cpu")
@@ -154,8 +224,27 @@ def test_plan_prices_collectives_and_views_through_the_cost_model():
     assert views and all(w.flops == 0 and w.nbytes == 0 for w in views)
     unfused = ct.plan.op_seconds(trace, dev, fused=False)
     expected = sum(cost.dispatch(dev, w.count) + (0 if w.view else cost.compute(
-        dev, w.nbytes, w.flops, w.dtype.itemsize)) for w in trace.ops.values())
+        dev, w.nbytes, w.flops, w.dtype.itemsize, w.op)) for w in trace.ops.values())
     assert sum(unfused.values()) == pytest.approx(expected)
+    # every rank of the machine computing at once: the kernels slowed by its contention
+    both = ct.plan.op_seconds(trace, dev, fused=False, ranks=2)
+    assert sum(both.values()) == pytest.approx(
+        sum(cost.dispatch(dev, w.count) + (0 if w.view else dev.contention * cost.compute(
+            dev, w.nbytes, w.flops, w.dtype.itemsize, w.op)) for w in trace.ops.values()))
+
+
+@sim_only
+def test_plan_prices_each_size_of_a_kernel_on_its_own():
+    dev = CURVED
+    with ct.simulate(1, meta=True), ct.plan.record() as trace:
+        a, b = ct.zeros(4, 4), ct.zeros(256, 256)
+        a @ a
+        b @ b
+    (w,) = [w for w in trace.ops.values() if w.op == "matmul"]
+    assert w.count == 2 and len(w.sizes) == 2
+    expected = sum(cost.compute(dev, n, f, 4, "matmul") for f, n in w.sizes)
+    assert ct.plan.op_seconds(trace, dev, fused=False)[w.placement] == pytest.approx(expected)
+    assert expected != pytest.approx(2 * cost.compute(dev, w.nbytes / 2, w.flops / 2, 4, "matmul"))
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -184,6 +273,13 @@ def test_write_table_replaces_one_table_and_keeps_the_rest(tmp_path):
     assert "# my notes" in text and "# after" in text and 'peak_flops = 3.0' in text
     import tomllib
     assert tomllib.loads(text)["cpu"] == {**table, "memory_bytes": 1024}
+    # the measured curves, one line each, load back as written
+    curves = {**table, "gemm": [[1.5, 2e9], [3.0, 4e9]], "kernels": [["matmul", 0.75]]}
+    mine = tmp_path / "mine.toml"
+    write_table(str(mine), "mine", curves, "with curves")
+    back = tomllib.loads(mine.read_text())["mine"]
+    assert back["gemm"] == [[1.5, 2e9], [3.0, 4e9]] and back["kernels"] == [["matmul", 0.75]]
+    assert ct.plan.load_devices(str(mine))["mine"].gemm == ((1.5, 2e9), (3.0, 4e9))
 
 
 @sim_only
@@ -193,6 +289,8 @@ def test_calibration_measures_positive_figures():
     for key in ("peak_flops_fp32", "memory_bandwidth", "op_overhead"):
         assert table[key] > 0 and math.isfinite(table[key])
     assert 0 < table["efficiency"] <= 1
+    assert table["gemm"] and all(rate > 0 for _, rate in table["gemm"])
+    assert dict(table["kernels"]).get("matmul", 0) > 0
 
 
 # ----------------------------------------------------------------------------- benchmark
