@@ -53,9 +53,21 @@ def _ops(log, collective="send_recv"):
     return [e.op for e in log if e.collective == collective]
 
 
+@pytest.fixture
+def ring():
+    """The ring forced over Ulysses where both apply (``attention.CP_SCHEME``): these
+    tests are the ring's, whatever the cost model's pick at their sizes."""
+    from ctensor.ops import attention as att
+    scheme, att.CP_SCHEME = att.CP_SCHEME, "ring"
+    try:
+        yield
+    finally:
+        att.CP_SCHEME = scheme
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ring_equals_one_rank(cp, causal):
+def test_ring_equals_one_rank(ring, cp, causal):
     """An uneven sequence split (13 over 2 and 4 ranks): the ring's cp - 1 key/value
     transfers forward; backward cp - 1 back round, each the block with its gradient
     accumulators in one message (the last one home); values and gradients those of one
@@ -77,7 +89,7 @@ def test_ring_equals_one_rank(cp, causal):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_zigzag_balances_causal_work(cp):
+def test_zigzag_balances_causal_work(ring, cp):
     """The sequence stored in zig-zag order (``ct.zigzag_index``) with ``zigzag=cp``: the
     same attention as the natural order, permuted; every rank computes the same number
     of (query, key) pairs."""
@@ -104,7 +116,7 @@ def test_zigzag_balances_causal_work(cp):
 @pytest.mark.parametrize("sbp", [(ct.sbp.split(0), ct.sbp.split(2)),
                                  (ct.sbp.split(2), ct.sbp.split(1)),
                                  (ct.sbp.split(2), ct.sbp.split(2))])
-def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
+def test_ring_on_one_axis_of_a_2x2_mesh(ring, sbp):
     """cp on one axis of a 2 x 2 mesh, batch or heads (or the sequence again) on the
     other."""
     arrays = _arrays((2, 2, 11, 3), seed=2)
@@ -122,7 +134,7 @@ def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_dropout_in_the_ring_draws_the_composites_bits(cp):
+def test_dropout_in_the_ring_draws_the_composites_bits(ring, cp):
     """``ct.attention(..., dropout=p)`` (what F.scaled_dot_product_attention calls) under
     the ring equals the composite on one rank — softmax, ``F.dropout`` (``ct.rand_like`` of
     the probabilities), matmul — with the same seed, forward and backward: the mask is
@@ -155,7 +167,7 @@ def test_dropout_in_the_ring_draws_the_composites_bits(cp):
 def test_cost_model_picks_ring_ulysses_or_gather():
     """Activations (not pinned) split on the sequence: short sequences gather, long ones
     on a CPU run as a ring (the block's compute hides the transfer), many heads on a GPU
-    as Ulysses' all-to-alls (it moves less than the ring for cp > 2)."""
+    as Ulysses' two all-to-alls (it moves less than the ring for cp > 2)."""
     def picked(t, heads, device, cp=4):
         with ct.simulate(cp, meta=True):
             p = ct.placement(device, list(range(cp)))
@@ -163,11 +175,11 @@ def test_cost_model_picks_ring_ulysses_or_gather():
                                 requires_grad=True) * 1.0 for _ in range(3)]
             with ct.debug.comm_log() as log:
                 ct.attention(q, k, v, causal=True)
-        return sorted(set(log.collectives()))
+        return log.collectives()
 
-    assert picked(64, 2, "cpu") == ["all_gather"]
-    assert picked(4096, 32, "cpu") == ["send_recv"]
-    assert picked(4096, 32, "cuda") == ["all_to_all"]
+    assert set(picked(64, 2, "cpu")) == {"all_gather"}
+    assert picked(4096, 32, "cpu") == ["send_recv"] * 3
+    assert picked(4096, 32, "cuda") == ["all_to_all"] * 2
 
 
 def test_ring_memory_at_cp4():
@@ -285,34 +297,96 @@ def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
 
 
-def test_ulysses_equals_one_rank():
-    """The head-split rule taken for a sequence split (the planner's advisor picks it, as
-    the cost model does for many heads on fast links): q, k, v go S(2) -> S(1) by
-    all-to-all, the output comes back by one more; the backward has their duals."""
+@pytest.fixture
+def ulysses():
+    """Ulysses taken for q, k, v split on the sequence: the attention's composite picked
+    (the planner's advisor: at these sizes the cost model gathers) and Ulysses forced
+    over the ring (``attention.CP_SCHEME``)."""
     from ctensor import planner
+    from ctensor.ops import attention as att
 
-    def heads(call, choice):
+    def composite(call, choice):
         if call.op.name == "attention":
-            return next(c for c in choice.candidates if c.inputs[0] == ct.sbp.split(1))
+            return next((c for c in choice.candidates if c.composite), None)
         return None
 
-    arrays = _arrays((1, 4, 10, 3), seed=4)
-    ref = _reference(*arrays, True)
-    previous = planner.set_advisor(heads)
+    previous, scheme = planner.set_advisor(composite), att.CP_SCHEME
+    att.CP_SCHEME = "ulysses"
     try:
-        with world(2):
-            p = ct.placement("cpu", [0, 1])
-            q, k, v, g = [ct.tensor(a, placement=p, sbp=ct.sbp.split(2)) for a in arrays]
-            leaves = [t.requires_grad_() for t in (q, k, v)]
-            with ct.debug.comm_log() as fwd:
-                y = ct.attention(*[t * 1.0 for t in leaves], causal=True)
-                y = y.to_global(sbp=ct.sbp.split(2))
-            with ct.debug.comm_log() as bwd:
-                (y * g).sum().backward()
-            np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
-            for t, want in zip(leaves, ref[1:]):
-                np.testing.assert_allclose(t.grad.numpy(), want, **TOL)
+        yield
     finally:
         planner.set_advisor(previous)
-    assert fwd.collectives() == ["all_to_all"] * 4
-    assert bwd.collectives() == ["all_to_all"] * 4
+        att.CP_SCHEME = scheme
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_ulysses_equals_one_rank(ulysses, cp, causal):
+    """Ulysses: q, k, v packed go S(2) -> S(1) in one all-to-all, the output (with its
+    log-sum-exp) comes back in one more; the backward has the duals, the output's gradient
+    in and dq, dk, dv packed back: two all-to-alls each way. Uneven splits (10 positions
+    and 3 heads over 4 ranks)."""
+    arrays = _arrays((2, 3, 10, 3), seed=4)
+    ref = _reference(*arrays, causal)
+    with world(cp):
+        p = ct.placement("cpu", list(range(cp)))
+        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal)
+        assert y.sbp == (ct.sbp.split(2),)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        for got, want in zip(grads, ref[1:]):
+            assert got.sbp == (ct.sbp.split(2),)
+            np.testing.assert_allclose(got.numpy(), want, **TOL)
+    assert fwd.collectives() == ["all_to_all"] * 2
+    assert _ops(fwd, "all_to_all") == ["attention"] * 2
+    assert bwd.collectives() == ["all_to_all"] * 2
+    assert _ops(bwd, "all_to_all") == ["attention.grad"] * 2
+
+
+@pytest.mark.parametrize("sbp", [(ct.sbp.split(2), ct.sbp.split(0)),
+                                 (ct.sbp.split(0), ct.sbp.split(2))])
+def test_ulysses_on_one_axis_of_a_2x2_mesh(ulysses, sbp):
+    """Ulysses on one axis of a 2 x 2 mesh, the batch split on the other; zig-zag order
+    too (the head split leaves every rank the whole sequence, masked by true
+    positions)."""
+    t = 12
+    idx = zigzag_index(t, 2)
+    arrays = [a[:, :, idx] for a in _arrays((2, 2, t, 3), seed=6)]
+    ref = _reference(*arrays, True, pos=idx)
+    with world(4):
+        p = ct.placement("cpu", mesh_ranks((2, 2)))
+        y, grads, fwd, bwd = _run(p, sbp, arrays, True, zigzag=2)
+        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+        for got, want in zip(grads, ref[1:]):
+            np.testing.assert_allclose(got.numpy(), want, **TOL)
+    cp_axis = sbp.index(ct.sbp.split(2))
+    for log in (fwd, bwd):
+        assert log.collectives() == ["all_to_all"] * 2
+        assert all(e.mesh_axis == cp_axis for e in log)
+
+
+def test_ulysses_dropout_draws_the_composites_bits(ulysses):
+    """Dropout under Ulysses: the mask drawn by logical position on the head-split
+    kernel, the composite's on one rank, forward and backward."""
+    from ctensor.nn import functional as F
+    arrays = _arrays((2, 2, 11, 3), seed=5)
+
+    def run(placement, sbp, fused):
+        q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
+        for t in (q, k, v):
+            t.requires_grad_()
+        ct.manual_seed(7)
+        if fused:
+            y = ct.attention(q, k, v, causal=True, dropout=0.3)
+        else:
+            mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
+        with ct.debug.comm_log() as log:
+            (y * g).sum().backward()
+        return [y.numpy()] + [t.grad.numpy() for t in (q, k, v)], log
+
+    with world(2):
+        want, _ = run(ct.placement("cpu", [0]), ct.sbp.broadcast, False)
+        got, log = run(ct.placement("cpu", [0, 1]), ct.sbp.split(2), True)
+    assert log.collectives() == ["all_to_all"] * 2
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, **TOL)

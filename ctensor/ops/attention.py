@@ -11,16 +11,24 @@ q, k, v -> outputs, lse), chosen by cost per mesh axis:
  S(d), S(d), S(d) -> S(d)  a batch or head dim (d < ndim-2): local
  S(L), B, B -> S(L)        queries split on the sequence, keys and values whole: local, the
                            causal mask from the shard's offsets (gathering k and v)
- S(L), S(L), S(L) -> S(L)  the ring (composite, :mod:`ctensor.ops.attention_ring`): each
-                           rank passes its key/value block to the next on the mesh axis
-                           while computing with the current one; the backward is the ring
-                           reversed, the key/value gradients travelling with the blocks
+ S(L), S(L), S(L) -> S(L)  a composite, the ring or Ulysses (the cheaper by the cost
+                           model, ``CP_SCHEME`` forces one). The ring
+                           (:mod:`ctensor.ops.attention_ring`): each rank passes its
+                           key/value block to the next on the mesh axis while computing
+                           with the current one; the backward is the ring reversed, the
+                           key/value gradients travelling with the blocks: ``cp - 1``
+                           transfers each way. Ulysses
+                           (:mod:`ctensor.ops.attention_ulysses`): q, k, v packed turned
+                           into a head split by one all-to-all, the output back by one;
+                           the backward their duals
 ========================== ==============================================================
 
-Ulysses (the sequence split turned into a head split by all-to-all and back) is the
-S(d), S(d), S(d) rule on the head dim, reached by boxing: the cost model weighs it against
-the ring (overlapped point-to-point transfers, ``cp - 1`` of them) and the gather by
-sequence length, heads and the axis size.
+Where Ulysses applies (a head dim, one length for queries and keys, no other mesh axis
+splitting the sequence or the heads) the head-split rule is not offered for inputs split
+on the sequence: that move is Ulysses' composite (one packed all-to-all, not three). The
+cost model weighs the ring (overlapped point-to-point transfers), Ulysses (four
+all-to-alls, its heads' whole sequence computed) and the gather by sequence length, heads
+and the axis size.
 
 ``causal`` masks key positions after the query's (top-left, as PyTorch); ``dropout=p`` drops
 probabilities with the composite's bits (a key input, broadcast, carries the random call).
@@ -30,6 +38,7 @@ use the true positions, so a sequence split ``c`` ways gives every rank equal wo
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,6 +52,8 @@ from ..layout import Layout
 from ..random import next_key
 from ._flash import attend, dropper, grad_block, positions
 from .attention_ring import attention as ring_attention
+from .attention_ulysses import OPS_DISPATCHED, applies as ulysses_applies, head_split
+from .attention_ulysses import attention as ulysses_attention
 from ._rules import B, P, S, defop, sig, widen
 
 __all__ = ["attention", "zigzag_index"]
@@ -153,17 +164,68 @@ def _ring_comm(layouts, axis, causal, **_):
     return (n - 1) * max(fwd, send) + back
 
 
+def _ulysses_comm(layouts, axis, causal, **_):
+    """Seconds Ulysses adds to the charge of one block on this axis: the rank's heads over
+    the whole sequence computed instead of one block, four all-to-alls (forward q, k, v
+    packed in one and the output with its log-sum-exp back; backward the output's gradient
+    in, dq, dk, dv packed back), the packing's copies and the ops it dispatches beyond the
+    one every candidate pays (the ring's are inside its one)."""
+    q, k, v = layouts[:3]
+    p = q.placement
+    n = p.shape[axis]
+    if n == 1:
+        return 0.0
+    first = p.rank_list[0]
+    heads = q.ndim - 3
+    block = [l.local_shape(first) for l in (q, k, v)]
+    split = [l.with_sbp(head_split(l.sbp, axis, heads)).local_shape(first) for l in (q, k, v)]
+    extra = (cost.compute(p.device, 0.0, _flops(split, (), causal))
+             - cost.compute(p.device, 0.0, _flops(block, (), causal)))
+    qkv = float(sum(l.local_nbytes(first) for l in (q, k, v)))
+    rows = q.local_nbytes(first) / q.shape[-1]  # (bytes per element times query rows)
+    out = rows * (v.shape[-1] + 1)
+    a2a = functools.partial(cost.collective, "all_to_all", n, device=p.device)
+    packing = cost.compute(p.device, 2 * (2 * qkv + out))  # (three concatenations)
+    return extra + 2 * a2a(nbytes=qkv) + a2a(nbytes=out) + a2a(nbytes=out - rows) + \
+        packing + cost.dispatch(p.device, OPS_DISPATCHED)
+
+
+#: which composite serves q, k, v split on the sequence: None (the cheaper by the cost
+#: model), "ring" or "ulysses" (forced, where Ulysses applies; set before the calls)
+CP_SCHEME = None
+
+
+def _scheme(layouts, axis, causal) -> str:
+    """The composite for ``layouts`` on ``axis``: ``"ring"`` or ``"ulysses"``."""
+    if not ulysses_applies(layouts, axis):
+        return "ring"
+    if CP_SCHEME is not None:
+        return CP_SCHEME
+    return "ring" if _ring_comm(layouts, axis, causal) <= _ulysses_comm(layouts, axis, causal) \
+        else "ulysses"
+
+
+def _cp_comm(layouts, axis, causal, **_):
+    """The seconds of the composite :func:`_scheme` picks (the ring's or Ulysses')."""
+    fn = _ring_comm if _scheme(layouts, axis, causal) == "ring" else _ulysses_comm
+    return fn(layouts, axis, causal)
+
+
 def _signatures(layouts, causal, scale, zigzag, dropout=0.0, mesh_axis=0):
     q = layouts[0]
     seq = q.ndim - 2
     key = [B] * (len(layouts) - 3)  # the dropout key: every rank the same
     out = (B, B)
     cands = [sig([B] * 3 + key, out)]
-    cands += [sig([S(d)] * 3 + key, (S(d), S(d))) for d in range(seq)]
+    cp = _ring_axis(layouts) == mesh_axis
+    # (q, k, v split on the sequence here: the head split is Ulysses' composite, one
+    # packed all-to-all, not three boxings)
+    cands += [sig([S(d)] * 3 + key, (S(d), S(d))) for d in range(seq)
+              if not (cp and ulysses_applies(layouts, mesh_axis))]
     cands.append(sig([S(seq), B, B] + key, (S(seq), S(seq))))
-    if _ring_axis(layouts) == mesh_axis:
+    if cp:
         cands.append(sig([S(seq)] * 3 + key, (S(seq), S(seq)), composite=True,
-                         comm=_ring_comm))
+                         comm=_cp_comm))
     return cands
 
 
@@ -198,8 +260,14 @@ def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0):
             entries = (B, B, B)
         for w, e in zip(want, entries):
             w.append(e)
+    scheme = _scheme((q._layout, k._layout, v._layout), axis, causal)
     q, k, v = [t if tuple(t.sbp) == tuple(w) else OPS.to_global(t, None, tuple(w))
                for t, w in zip((q, k, v), want)]
+    if scheme == "ulysses":
+        attrs = dict(causal=causal, scale=scale, zigzag=zigzag)
+        if key:
+            attrs["dropout"] = dropout
+        return ulysses_attention(attention.op, q, k, v, axis, attrs, key[0] if key else None)
     return ring_attention(attention.op, q, k, v, axis, causal, scale, zigzag, dropout,
                           key[0] if key else None)
 
