@@ -1,4 +1,4 @@
-"""Context-parallel attention step: ctensor's ring vs one rank vs the ring by hand.
+"""Context-parallel attention step: ctensor's ring (and Ulysses) vs one rank vs the ring by hand.
 
     mpiexec -n 2 python benchmarks/context_parallel.py [--seq 4096] [--quick]
 
@@ -12,6 +12,9 @@ slows all alike:
 * **ctensor, CP n, zig-zag order**: the sequence stored in ``ct.zigzag_index`` order and
   ``zigzag=n``, so every rank does the same causal work (the natural order leaves rank 0
   one block and rank n-1 n blocks);
+* **ctensor, CP n, Ulysses**: the same split served by Ulysses instead
+  (``ctensor/ops/attention_ulysses.py``, forced with ``attention.CP_SCHEME``; the ring
+  rows force the ring): two all-to-alls each way, each rank its heads' whole sequence;
 * **the ring by hand**: the same algorithm in NumPy + mpi4py — each rank's query block,
   the key/value blocks passed to the next rank with ``Isend``/``Irecv`` (waited for
   without spinning, as ctensor's communicator waits) while the current
@@ -21,10 +24,12 @@ slows all alike:
   the own block's backward computed while each hop travels, the accumulators home on
   the last).
 
-All three are checked against a float64 NumPy computation of the whole attention first.
+All are checked against a float64 NumPy computation of the whole attention first.
 It prints the median step time of the slowest rank, CP n's speed-up over one rank, the
 ratio ctensor / hand-written (target <= 1.2x), and the peak bytes per rank a step holds
-above its inputs (``ct.debug.track_memory``) of CP n against one rank. One BLAS thread per rank.
+above its inputs (``ct.debug.track_memory``) of CP n against one rank, and the backward
+alone (ctensor's ring and the hand-written one) with its transfer counts. One BLAS thread
+per rank.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ctensor as ct  # noqa: E402
+from ctensor.ops import attention as attention_op  # noqa: E402  (CP_SCHEME)
 from ctensor.ops.attention import zigzag_index  # noqa: E402  (ct.zigzag_index)
 from harness import add_quick, positive_int, settle  # noqa: E402
 
@@ -200,8 +206,9 @@ class Ctensor:
     """``ct.attention`` on q, k, v laid out ``sbp`` on ``placement`` (leaves: the layout
     stays, so the ring runs on a split one)."""
 
-    def __init__(self, q, k, v, g, placement, sbp, zigzag: int = 0):
-        self.zigzag = zigzag
+    def __init__(self, q, k, v, g, placement, sbp, zigzag: int = 0,
+                 scheme: Optional[str] = None):
+        self.zigzag, self.scheme = zigzag, scheme
         self.inputs = [ct.tensor(a, placement=placement, sbp=sbp, requires_grad=True)
                        for a in (q, k, v)]
         self.g = ct.tensor(g, placement=placement, sbp=sbp)
@@ -210,7 +217,11 @@ class Ctensor:
     def step(self):
         for t in self.inputs:
             t.grad = None
-        y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag)
+        previous, attention_op.CP_SCHEME = attention_op.CP_SCHEME, self.scheme
+        try:  # (the composite asks CP_SCHEME when it runs)
+            y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag)
+        finally:
+            attention_op.CP_SCHEME = previous
         t0 = time.perf_counter()
         y.backward(self.g)
         self.backward_times.append(time.perf_counter() - t0)
@@ -276,12 +287,14 @@ def main(argv: Optional[list] = None) -> None:
     mine = part(args.seq, n, r)
 
     world = ct.placement("cpu", list(range(n)))
-    cp = Ctensor(q, k, v, g, world, ct.sbp.split(2))
+    cp = Ctensor(q, k, v, g, world, ct.sbp.split(2), scheme="ring")
+    uly = Ctensor(q, k, v, g, world, ct.sbp.split(2), scheme="ulysses")
     one = Ctensor(q, k, v, g, ct.placement("cpu", [0]), ct.sbp.broadcast)
     zz = None
     if args.seq % (2 * n) == 0:  # the sequence stored zig-zag: balanced causal work
         idx = zigzag_index(args.seq, n)
-        zz = Ctensor(*(a[:, :, idx] for a in (q, k, v, g)), world, ct.sbp.split(2), zigzag=n)
+        zz = Ctensor(*(a[:, :, idx] for a in (q, k, v, g)), world, ct.sbp.split(2), zigzag=n,
+                     scheme="ring")
     hand = ByHand(*(np.ascontiguousarray(a[:, :, mine]) for a in (q, k, v, g)), comm, args.seq)
     # (memory first, before any step: ct.debug.track_memory counts a step run afresh)
     mem_cp = comm.allreduce(cp.peak_activations(), op=MPI.MAX)
@@ -295,6 +308,9 @@ def main(argv: Optional[list] = None) -> None:
         got = [y.numpy()] + [t.grad.numpy() for t in zz.inputs]
         errors["ctensor CP zig-zag"] = max(_close("zig-zag", a, b[:, :, idx], rtol)
                                            for a, b in zip(got, want))
+    y = uly.step()
+    got = [y.numpy()] + [t.grad.numpy() for t in uly.inputs]
+    errors["ctensor Ulysses"] = max(_close("Ulysses", a, b, rtol) for a, b in zip(got, want))
     y = one.step()
     if r == 0:
         got = [y.to_local()] + [t.grad.to_local() for t in one.inputs]
@@ -307,7 +323,9 @@ def main(argv: Optional[list] = None) -> None:
         op=MPI.MAX)
     with ct.debug.comm_log() as log:
         cp.step()
-    steps = {"cp": cp.step, "one": one.step, "hand": hand.step}
+    with ct.debug.comm_log() as uly_log:
+        uly.step()
+    steps = {"cp": cp.step, "one": one.step, "hand": hand.step, "ulysses": uly.step}
     if zz is not None:
         steps["zigzag"] = zz.step
     for runner in (cp, hand):
@@ -317,10 +335,10 @@ def main(argv: Optional[list] = None) -> None:
         timed = runner.backward_times[-args.repeats:]  # (the warm-up round's left out)
         times[name] = comm.allreduce(float(np.median(timed)), op=MPI.MAX)
     if r == 0:
-        report(args, n, times, errors, log, mem_cp, mem_one, hand.backward_transfers)
+        report(args, n, times, errors, log, mem_cp, mem_one, hand.backward_transfers, uly_log)
 
 
-def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers) -> None:
+def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers, uly_log) -> None:
     print(f"causal attention step (forward + backward), B={args.batch} H={args.heads} "
           f"T={args.seq} D={args.head_dim} {args.dtype}, {n} rank(s), median of "
           f"{args.repeats}, slowest rank, one BLAS thread per rank")
@@ -328,6 +346,7 @@ def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers) -> None
             ("ring by hand (NumPy + mpi4py)", times["hand"])]
     if "zigzag" in times:
         rows.append(("ctensor, CP %d, zig-zag order" % n, times["zigzag"]))
+    rows.append(("ctensor, CP %d, Ulysses" % n, times["ulysses"]))
     for label, seconds in rows:
         print(f"  {label:<32}{seconds * 1e3:>10.1f} ms")
     ratio = times["cp"] / times["hand"]
@@ -344,7 +363,8 @@ def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers) -> None
     ops = [e.op for e in log]
     print(f"communication of one CP step: {len(log.collectives())} transfers "
           f"({ops.count('attention')} forward, {ops.count('attention.grad')} backward; the "
-          f"ring by hand {hand_transfers} backward), {log.total_bytes:,} B per rank")
+          f"ring by hand {hand_transfers} backward), {log.total_bytes:,} B per rank; "
+          f"Ulysses {len(uly_log.collectives())} all-to-alls, {uly_log.total_bytes:,} B")
     print("checked against float64 NumPy (max relative difference "
           + ", ".join(f"{k} {v:.1e}" for k, v in errors.items()) + ")")
 

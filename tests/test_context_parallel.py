@@ -175,11 +175,14 @@ def test_cost_model_picks_ring_ulysses_or_gather():
                                 requires_grad=True) * 1.0 for _ in range(3)]
             with ct.debug.comm_log() as log:
                 ct.attention(q, k, v, causal=True)
-        return log.collectives()
+        return log
 
-    assert set(picked(64, 2, "cpu")) == {"all_gather"}
-    assert picked(4096, 32, "cpu") == ["send_recv"] * 3
-    assert picked(4096, 32, "cuda") == ["all_to_all"] * 2
+    assert set(picked(64, 2, "cpu").collectives()) == {"all_gather"}
+    assert picked(4096, 32, "cpu").collectives() == ["send_recv"] * 3
+    log = picked(4096, 32, "cuda")
+    assert log.collectives() == ["all_to_all"] * 2
+    block = 32 * 1024 * 64 * 4  # one rank's q (float32)
+    assert [e.nbytes for e in log] == [3 * block, block * 65 // 64]  # q, k, v; out, lse
 
 
 def test_ring_memory_at_cp4():
