@@ -8,6 +8,7 @@ and how it is laid out (:mod:`ctensor.sbp`); ctensor inserts every collective.
 ...     x = ct.ones(4, 3, placement=ct.placement("cpu", [0, 1]), sbp=ct.sbp.split(0))
 ...     y = x.to_global(sbp=ct.sbp.broadcast)        # all-gather
 """
+from . import hostmalloc as _hostmalloc  # noqa: F401  (glibc keeps what a step frees)
 from . import sbp
 from .dtypes import (float16, float32, float64, int8, int16, int32, int64, uint8,
                      bool_ as bool)  # NumPy dtypes; NumPy has no bfloat16  # noqa: A001
