@@ -367,6 +367,26 @@ def test_ulysses_on_one_axis_of_a_2x2_mesh(ulysses, sbp):
         assert all(e.mesh_axis == cp_axis for e in log)
 
 
+@pytest.mark.parametrize("layout", [("--cp", "2"), ("--dp", "2", "--cp", "2")],
+                         ids=["cp2", "dp2xcp2"])
+def test_gpt_cp_by_ulysses_gives_the_loss_curve_of_one_process(gpt_train, ulysses, layout):
+    """train.py --cp with Ulysses serving every attention (the mesh's size-1 tensor axis
+    splitting the heads is no obstacle): one process's loss curve, dropout on, and two
+    all-to-alls each way per attention."""
+    size = int(np.prod([int(layout[i + 1]) for i in range(0, len(layout), 2)]))
+    if "0.1" not in _REFERENCE:
+        _REFERENCE["0.1"] = gpt_train.run(_TINY + ["--dropout", "0.1", "--simulate", "1"])
+    args = _TINY + ["--dropout", "0.1"] + list(layout)
+    if MPI_MODE and ct.world_size() != size:
+        pytest.skip(f"needs exactly {size} ranks")
+    with ct.debug.comm_log() as log:
+        history = gpt_train.run(args if MPI_MODE else args + ["--simulate", str(size)])
+    np.testing.assert_allclose(history, _REFERENCE["0.1"], rtol=1e-9, atol=0)
+    moved = [e.collective for e in log if e.op.startswith("attention")]
+    # 2 layers x 2 micro-batches x 3 steps, two all-to-alls each way
+    assert moved == ["all_to_all"] * (2 * 2 * 3 * 4)
+
+
 def test_ulysses_dropout_draws_the_composites_bits(ulysses):
     """Dropout under Ulysses: the mask drawn by logical position on the head-split
     kernel, the composite's on one rank, forward and backward."""

@@ -36,10 +36,10 @@ def applies(layouts, axis: int) -> bool:
     or the heads (a head split nested inside another axis's is no all-to-all on this
     one)."""
     q, k = layouts[0], layouts[1]
-    seq = q.ndim - 2
+    seq, mesh = q.ndim - 2, q.placement.shape
     return q.ndim >= 3 and q.shape[-2] == k.shape[-2] and not any(
         isinstance(e, Split) and e.dim in (seq - 1, seq) for lay in layouts[:3]
-        for a, e in enumerate(lay.sbp) if a != axis)
+        for a, e in enumerate(lay.sbp) if a != axis and mesh[a] > 1)
 
 
 def head_split(sbp: tuple, axis: int, dim: int) -> tuple:
