@@ -19,8 +19,9 @@ all-reduce they are), are updated together:
 
 The arithmetic is elementwise and the same as the per-parameter kernel's, in the same
 order, so the bits are the same. The kernel's temporaries are a few times a chunk's size:
-:data:`CHUNK` bounds a chunk (parameters past it start another). Anything else (sharded states, a gradient in another
-layout, shape-only tensors, mixed steps) takes the per-parameter path.
+:data:`CHUNK` bounds a chunk (parameters past it start another). Anything else (sharded
+states, a gradient in another layout, shape-only tensors, mixed steps) takes the
+per-parameter path. :func:`clip_grad_norm` is the gradient clip's multi-tensor path.
 """
 from __future__ import annotations
 
@@ -180,63 +181,92 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
     return cache
 
 
-def _whole(layout) -> bool:
-    """Whether every shard of ``layout`` is the whole tensor: broadcast on every mesh axis,
-    or laid out some other way only on axes of one rank (a vocabulary-parallel embedding's
-    ``S(0)`` on a tensor axis of size 1, as one process's ``dp x tp`` mesh gives)."""
-    return all(isinstance(s, ct.sbp.Broadcast) or n == 1
-               for s, n in zip(layout.sbp, layout.placement.shape))
+def _summed_sbp(layout):
+    """The SBP of a 0-d sum over ``layout``'s local shards: partial (sum) along the mesh
+    axes that split it (of more than one rank), broadcast along the others; None when an
+    axis holds partial values (their squares do not add up: the per-gradient path)."""
+    out = []
+    for s, n in zip(layout.sbp, layout.placement.shape):
+        if n == 1 or isinstance(s, ct.sbp.Broadcast):
+            out.append(ct.sbp.broadcast)
+        elif isinstance(s, ct.sbp.Split):
+            out.append(ct.sbp.partial_sum)
+        else:
+            return None
+    return tuple(out)
 
 
 def clip_grad_norm(grads: list, max_norm, norm_type: float):
-    """``nn.utils.clip_grad_norm_``'s multi-tensor path: the 2-norm of replicated
-    gradients of one placement, SBP and floating dtype from their local shards, and the
-    scale applied in place (on the bucket's flat buffer when the gradients are views of
-    it). The same kernels in the same order as the per-gradient ops (``abs``, ``pow``,
-    ``sum``, the running ``add``, ``pow``, ``add``, ``div``, ``clamp``, ``mul``), so the same
-    bits, without dispatching seven ops per gradient. Returns the norm (a 0-d tensor) or
-    None when it does not apply (another norm, split, partial or shape-only gradients; a
-    split or partial SBP on an axis of one rank counts as replicated)."""
-    layout = grads[0]._layout if grads else None
-    if norm_type != 2.0 or layout is None or layout.dtype.kind != "f" or \
-            local_arrays(grads[0]) is None or not _whole(layout):
+    """``nn.utils.clip_grad_norm_``'s multi-tensor path for the 2-norm of floating
+    gradients split or broadcast in any way, on any placements: per rank, the squared sums
+    of its shards (``abs``, ``pow``, ``sum``, the running ``add``: the per-gradient ops'
+    kernels, in the gradients' order) per (placement, summed SBP); each such partial sum
+    reduced and moved to the first gradient's placement once (one all-reduce for all the
+    tensor-parallel gradients, not one each), added there, and the norm's ``pow``,
+    ``add``, ``div``, ``clamp`` as ops; the scale applied in place (on the bucket's flat
+    buffer when the gradients are views of it). Replicated gradients of one placement get
+    the per-gradient path's bits. Returns the norm (a 0-d tensor, replicated) or None when
+    it does not apply (another norm, partial, integer or shape-only gradients)."""
+    if norm_type != 2.0 or not grads:
         return None
+    dtype, home = grads[0].dtype, grads[0].placement
+    parts: dict = {}  # (placement, summed SBP) -> {rank: running squared sum}
     for g in grads:
-        gl = g._layout
-        if gl.placement != layout.placement or gl.dtype != layout.dtype or \
-                (gl.sbp != layout.sbp and not _whole(gl)) or local_arrays(g) is None:
+        layout = g._layout
+        summed = _summed_sbp(layout)
+        if summed is None or layout.dtype.kind != "f" or local_arrays(g) is None:
             return None
-    dtype = layout.dtype
-    totals, coefs = {}, {}
-    for rank, s0 in grads[0]._shards.items():
-        xp = array_module(s0)
-        two = xp.asarray(2.0, dtype)
+        totals = parts.setdefault((layout.placement, summed), {})
+        for rank, a in g._shards.items():
+            xp = array_module(a)
+            part = xp.power(xp.abs(a), xp.asarray(2.0, a.dtype)).sum(axis=tuple(range(a.ndim)))
+            if part.dtype != dtype:
+                part = part.astype(dtype)
+            total = totals.get(rank)
+            totals[rank] = part if total is None else xp.add(total, part)
+    from ctensor.layout import Layout
+    replicated = (ct.sbp.broadcast,) * home.ndim
+    per_placement: dict = {}  # placement -> the sum of its parts (partial where split)
+    with ct.no_grad():
+        for (placement, summed), shards in parts.items():
+            t = Tensor(Layout((), dtype, placement, summed),
+                       {r: array_module(v).asarray(v, dtype) for r, v in shards.items()})
+            got = per_placement.get(placement)
+            per_placement[placement] = t if got is None else got + t
         total = None
-        for g in grads:
-            a = g._shards[rank]
-            part = xp.power(xp.abs(a), two).sum(axis=tuple(range(a.ndim)))
-            total = part if total is None else xp.add(total, part)
-        total = xp.power(total, xp.asarray(1.0 / 2.0, dtype))
-        coef = xp.divide(xp.asarray(max_norm, dtype), xp.add(total, xp.asarray(1e-6, dtype)))
-        one = xp.asarray(1.0, dtype)
-        totals[rank] = xp.asarray(total, dtype)
-        coefs[rank] = xp.where(coef > one, one, coef)
-    for rank, coef in coefs.items():  # (after every rank's norm: ranks may share arrays)
-        shards = [g._shards[rank] for g in grads]
-        flat = _consecutive(shards) if array_module(shards[0]) is np else None
-        if flat is not None and all(a.flags.writeable for a in shards):
-            flat *= coef
-            continue
-        for g in grads:
-            a = g._shards[rank]
-            if isinstance(a, np.ndarray) and not a.flags.writeable:
-                a = g._shards[rank] = a.copy()
-            a *= coef
+        for t in per_placement.values():  # reduced and moved once per placement
+            t = t.to_global(home, replicated)
+            total = t if total is None else total + t
+        total = total ** (1.0 / norm_type)
+        coef = ct.clamp(max_norm / (total + 1e-6), max=1.0)
+        _scale(grads, coef)
+    return total
+
+
+def _scale(grads: list, coef) -> None:
+    """Every gradient times ``coef`` (a 0-d replicated tensor) in place: per placement and
+    dtype, on the flat buffer when the gradients are consecutive views of one."""
+    groups: dict = {}
+    for g in grads:
+        groups.setdefault((g._layout.placement, g._layout.dtype), []).append(g)
+    for (placement, dtype), members in groups.items():
+        c = coef if placement == coef.placement else \
+            coef.to_global(placement, (ct.sbp.broadcast,) * placement.ndim)
+        for rank, value in c._shards.items():  # (after every rank's norm: ranks may share
+            shards = [g._shards[rank] for g in members]  # arrays in a simulation)
+            xp = array_module(shards[0])
+            value = xp.asarray(value, dtype)
+            flat = _consecutive(shards) if xp is np else None
+            if flat is not None and all(a.flags.writeable for a in shards):
+                flat *= value
+                continue
+            for g in members:
+                a = g._shards[rank]
+                if isinstance(a, np.ndarray) and not a.flags.writeable:
+                    a = g._shards[rank] = a.copy()
+                a *= value
     for g in grads:
         g._version.value += 1
-    from ctensor.layout import Layout
-    return Tensor(Layout((), dtype, layout.placement, (ct.sbp.broadcast,) * layout.placement.ndim),
-                  totals)
 
 
 def chunks(params: list) -> list:

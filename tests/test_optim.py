@@ -384,6 +384,40 @@ def test_clip_grad_norm_across_placements(world4):
     assert b.grad.placement == second and b.grad.sbp == (S(0), B)
 
 
+def test_clip_grad_norm_foreach_of_split_gradients_reduces_once(world4):
+    """Tensor-parallel gradients (S(0), S(1) on the tensor axis of a (2, 2) mesh, uneven),
+    replicated ones, and a second placement (a pipeline stage): the multi-tensor clip
+    equals the per-gradient one (float64, 1e-12) with one all-reduce of the split ones'
+    squared sums per placement and the stage's sum and scale moved once each, not a
+    collective per gradient."""
+    mesh = ct.placement("cpu", [[0, 1], [2, 3]])
+    stage = ct.placement("cpu", [[2], [3]])
+    rng = np.random.default_rng(3)
+    shapes = [((5, 3), mesh, (B, S(0))), ((3, 5), mesh, (B, S(1))), ((5,), mesh, (B, B)),
+              ((7, 2), mesh, (B, S(0))), ((4,), stage, (S(0), B)), ((2, 3), stage, (B, B))]
+    values = [rng.standard_normal(shape) for shape, _, _ in shapes]
+    results = []
+    for foreach in (False, None):
+        params = []
+        for v, (shape, placement, sbp) in zip(values, shapes):
+            p = nn.Parameter(ct.zeros(*shape, dtype=ct.float64, placement=placement, sbp=sbp))
+            p.grad = ct.tensor(v, placement=placement, sbp=sbp)
+            params.append(p)
+        with ct.debug.comm_log() as log:
+            total = nn.utils.clip_grad_norm_(params, 0.5, foreach=foreach)
+        results.append((float(total), [p.grad.numpy() for p in params], log.collectives()))
+        assert all(p.grad.sbp == sbp for p, (_, _, sbp) in zip(params, shapes))
+        assert total.placement == mesh and total.sbp == (B, B)
+    (t0, g0, per_gradient), (t1, g1, multi) = results
+    want = math.sqrt(sum((v ** 2).sum() for v in values))
+    assert t0 == pytest.approx(want, rel=1e-12) and t1 == pytest.approx(want, rel=1e-12)
+    for a, b in zip(g0, g1):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=0)
+    assert multi.count("all_reduce") == 2 < per_gradient.count("all_reduce"), \
+        (multi, per_gradient)
+    assert len(multi) <= 4, multi  # the two all-reduces, the stage's sum in, its scale out
+
+
 # ----------------------------------------------------------------------------- PyTorch's schedulers
 def _two_group_opts(torch, kind):
     """A ctensor optimizer and a torch one with the same two parameter groups."""
