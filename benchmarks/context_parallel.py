@@ -13,8 +13,8 @@ slows all alike:
   ``zigzag=n``, so every rank does the same causal work (the natural order leaves rank 0
   one block and rank n-1 n blocks);
 * **ctensor, CP n, Ulysses**: the same split served by Ulysses instead
-  (``ctensor/ops/attention_ulysses.py``, forced with ``attention.CP_SCHEME``; the ring
-  rows force the ring): two all-to-alls each way, each rank its heads' whole sequence;
+  (``ctensor/ops/attention_ulysses.py``, ``cp_scheme="ulysses"``; the ring rows pass
+  ``cp_scheme="ring"``): two all-to-alls each way, each rank its heads' whole sequence;
 * **the ring by hand**: the same algorithm in NumPy + mpi4py — each rank's query block,
   the key/value blocks passed to the next rank with ``Isend``/``Irecv`` (waited for
   without spinning, as ctensor's communicator waits) while the current
@@ -46,7 +46,6 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ctensor as ct  # noqa: E402
-from ctensor.ops import attention as attention_op  # noqa: E402  (CP_SCHEME)
 from ctensor.ops.attention import zigzag_index  # noqa: E402  (ct.zigzag_index)
 from harness import add_quick, positive_int, settle  # noqa: E402
 
@@ -217,11 +216,8 @@ class Ctensor:
     def step(self):
         for t in self.inputs:
             t.grad = None
-        previous, attention_op.CP_SCHEME = attention_op.CP_SCHEME, self.scheme
-        try:  # (the composite asks CP_SCHEME when it runs)
-            y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag)
-        finally:
-            attention_op.CP_SCHEME = previous
+        y = ct.attention(*self.inputs, causal=True, zigzag=self.zigzag,
+                         cp_scheme=self.scheme)
         t0 = time.perf_counter()
         y.backward(self.g)
         self.backward_times.append(time.perf_counter() - t0)

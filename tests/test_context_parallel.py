@@ -38,12 +38,12 @@ def _arrays(shape, seed=0):
     return [rng.standard_normal(shape) for _ in range(4)]
 
 
-def _run(placement, sbp, arrays, causal, zigzag=0):
+def _run(placement, sbp, arrays, causal, zigzag=0, scheme=None):
     q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
     for t in (q, k, v):
         t.requires_grad_()
     with ct.debug.comm_log() as fwd:
-        y = ct.attention(q, k, v, causal=causal, zigzag=zigzag)
+        y = ct.attention(q, k, v, causal=causal, zigzag=zigzag, cp_scheme=scheme)
     with ct.debug.comm_log() as bwd:
         (y * g).sum().backward()
     return y, (q.grad, k.grad, v.grad), fwd, bwd
@@ -53,21 +53,9 @@ def _ops(log, collective="send_recv"):
     return [e.op for e in log if e.collective == collective]
 
 
-@pytest.fixture
-def ring():
-    """The ring forced over Ulysses where both apply (``attention.CP_SCHEME``): these
-    tests are the ring's, whatever the cost model's pick at their sizes."""
-    from ctensor.ops import attention as att
-    scheme, att.CP_SCHEME = att.CP_SCHEME, "ring"
-    try:
-        yield
-    finally:
-        att.CP_SCHEME = scheme
-
-
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ring_equals_one_rank(ring, cp, causal):
+def test_ring_equals_one_rank(cp, causal):
     """An uneven sequence split (13 over 2 and 4 ranks): the ring's cp - 1 key/value
     transfers forward; backward cp - 1 back round, each the block with its gradient
     accumulators in one message (the last one home); values and gradients those of one
@@ -76,7 +64,7 @@ def test_ring_equals_one_rank(ring, cp, causal):
     ref = _reference(*arrays, causal)
     with world(cp):
         p = ct.placement("cpu", list(range(cp)))
-        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal)
+        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal, scheme="ring")
         assert y.sbp == (ct.sbp.split(2),)
         np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
         for got, want in zip(grads, ref[1:]):
@@ -89,7 +77,7 @@ def test_ring_equals_one_rank(ring, cp, causal):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_zigzag_balances_causal_work(ring, cp):
+def test_zigzag_balances_causal_work(cp):
     """The sequence stored in zig-zag order (``ct.zigzag_index``) with ``zigzag=cp``: the
     same attention as the natural order, permuted; every rank computes the same number
     of (query, key) pairs."""
@@ -102,7 +90,7 @@ def test_zigzag_balances_causal_work(ring, cp):
     with world(cp):
         p = ct.placement("cpu", list(range(cp)))
         y, grads, _, _ = _run(p, ct.sbp.split(2), [a[:, :, idx] for a in arrays], True,
-                              zigzag=cp)
+                              zigzag=cp, scheme="ring")
         np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
         for got, want in zip(grads, ref[1:]):
             np.testing.assert_allclose(got.numpy(), want, **TOL)
@@ -116,14 +104,14 @@ def test_zigzag_balances_causal_work(ring, cp):
 @pytest.mark.parametrize("sbp", [(ct.sbp.split(0), ct.sbp.split(2)),
                                  (ct.sbp.split(2), ct.sbp.split(1)),
                                  (ct.sbp.split(2), ct.sbp.split(2))])
-def test_ring_on_one_axis_of_a_2x2_mesh(ring, sbp):
+def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
     """cp on one axis of a 2 x 2 mesh, batch or heads (or the sequence again) on the
     other."""
     arrays = _arrays((2, 2, 11, 3), seed=2)
     ref = _reference(*arrays, True)
     with world(4):
         p = ct.placement("cpu", mesh_ranks((2, 2)))
-        y, grads, fwd, bwd = _run(p, sbp, arrays, True)
+        y, grads, fwd, bwd = _run(p, sbp, arrays, True, scheme="ring")
         np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
         for got, want in zip(grads, ref[1:]):
             np.testing.assert_allclose(got.numpy(), want, **TOL)
@@ -134,7 +122,7 @@ def test_ring_on_one_axis_of_a_2x2_mesh(ring, sbp):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-def test_dropout_in_the_ring_draws_the_composites_bits(ring, cp):
+def test_dropout_in_the_ring_draws_the_composites_bits(cp):
     """``ct.attention(..., dropout=p)`` (what F.scaled_dot_product_attention calls) under
     the ring equals the composite on one rank — softmax, ``F.dropout`` (``ct.rand_like`` of
     the probabilities), matmul — with the same seed, forward and backward: the mask is
@@ -148,7 +136,7 @@ def test_dropout_in_the_ring_draws_the_composites_bits(ring, cp):
             t.requires_grad_()
         ct.manual_seed(7)
         if fused:
-            y = ct.attention(q, k, v, causal=True, dropout=0.3)
+            y = ct.attention(q, k, v, causal=True, dropout=0.3, cp_scheme="ring")
         else:  # (a mask keeps the composite)
             mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
@@ -227,6 +215,13 @@ def test_bad_input_is_refused_before_communicating():
             ct.attention(q, ct.randn(1, 2, 8, 4, placement=ct.placement("cpu", [0])), q)
         with pytest.raises(TypeError, match="causal"):
             ct.attention(q, q, q, causal="yes")
+        with pytest.raises(ValueError, match="'cp_scheme' must be None"):
+            ct.attention(q, q, q, cp_scheme="p2p")
+        with ct.debug.comm_log() as log:  # (cross-attention: queries and keys differ)
+            with pytest.raises(ValueError, match="cp_scheme='ulysses' needs"):
+                kv = ct.randn(1, 2, 6, 4, placement=p, sbp=ct.sbp.split(2))
+                ct.attention(q, kv, kv, cp_scheme="ulysses")
+        assert log.collectives() == []
 
 
 @pytest.mark.skipif(MPI_MODE, reason="one process: torch as the peer")
@@ -300,31 +295,9 @@ def test_gpt_cp_gives_the_loss_curve_of_one_process(gpt_train, layout, dropout):
     np.testing.assert_allclose(history, reference, rtol=1e-9, atol=0)
 
 
-@pytest.fixture
-def ulysses():
-    """Ulysses taken for q, k, v split on the sequence: the attention's composite picked
-    (the planner's advisor: at these sizes the cost model gathers) and Ulysses forced
-    over the ring (``attention.CP_SCHEME``)."""
-    from ctensor import planner
-    from ctensor.ops import attention as att
-
-    def composite(call, choice):
-        if call.op.name == "attention":
-            return next((c for c in choice.candidates if c.composite), None)
-        return None
-
-    previous, scheme = planner.set_advisor(composite), att.CP_SCHEME
-    att.CP_SCHEME = "ulysses"
-    try:
-        yield
-    finally:
-        planner.set_advisor(previous)
-        att.CP_SCHEME = scheme
-
-
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
-def test_ulysses_equals_one_rank(ulysses, cp, causal):
+def test_ulysses_equals_one_rank(cp, causal):
     """Ulysses: q, k, v packed go S(2) -> S(1) in one all-to-all, the output (with its
     log-sum-exp) comes back in one more; the backward has the duals, the output's gradient
     in and dq, dk, dv packed back: two all-to-alls each way. Uneven splits (10 positions
@@ -333,7 +306,7 @@ def test_ulysses_equals_one_rank(ulysses, cp, causal):
     ref = _reference(*arrays, causal)
     with world(cp):
         p = ct.placement("cpu", list(range(cp)))
-        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal)
+        y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal, scheme="ulysses")
         assert y.sbp == (ct.sbp.split(2),)
         np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
         for got, want in zip(grads, ref[1:]):
@@ -347,7 +320,7 @@ def test_ulysses_equals_one_rank(ulysses, cp, causal):
 
 @pytest.mark.parametrize("sbp", [(ct.sbp.split(2), ct.sbp.split(0)),
                                  (ct.sbp.split(0), ct.sbp.split(2))])
-def test_ulysses_on_one_axis_of_a_2x2_mesh(ulysses, sbp):
+def test_ulysses_on_one_axis_of_a_2x2_mesh(sbp):
     """Ulysses on one axis of a 2 x 2 mesh, the batch split on the other; zig-zag order
     too (the head split leaves every rank the whole sequence, masked by true
     positions)."""
@@ -357,7 +330,7 @@ def test_ulysses_on_one_axis_of_a_2x2_mesh(ulysses, sbp):
     ref = _reference(*arrays, True, pos=idx)
     with world(4):
         p = ct.placement("cpu", mesh_ranks((2, 2)))
-        y, grads, fwd, bwd = _run(p, sbp, arrays, True, zigzag=2)
+        y, grads, fwd, bwd = _run(p, sbp, arrays, True, zigzag=2, scheme="ulysses")
         np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
         for got, want in zip(grads, ref[1:]):
             np.testing.assert_allclose(got.numpy(), want, **TOL)
@@ -369,13 +342,17 @@ def test_ulysses_on_one_axis_of_a_2x2_mesh(ulysses, sbp):
 
 @pytest.mark.parametrize("layout", [("--cp", "2"), ("--dp", "2", "--cp", "2")],
                          ids=["cp2", "dp2xcp2"])
-def test_gpt_cp_by_ulysses_gives_the_loss_curve_of_one_process(gpt_train, ulysses, layout):
-    """train.py --cp with Ulysses serving every attention (the mesh's size-1 tensor axis
-    splitting the heads is no obstacle): one process's loss curve, dropout on, and two
-    all-to-alls each way per attention."""
+def test_gpt_cp_by_ulysses_gives_the_loss_curve_of_one_process(gpt_train, monkeypatch,
+                                                               layout):
+    """train.py --cp with Ulysses serving every attention (``ct.attention`` called with
+    ``cp_scheme="ulysses"``; the mesh's size-1 tensor axis splitting the heads is no
+    obstacle): one process's loss curve, dropout on, and two all-to-alls each way per
+    attention."""
+    import functools
     size = int(np.prod([int(layout[i + 1]) for i in range(0, len(layout), 2)]))
     if "0.1" not in _REFERENCE:
         _REFERENCE["0.1"] = gpt_train.run(_TINY + ["--dropout", "0.1", "--simulate", "1"])
+    monkeypatch.setattr(ct, "attention", functools.partial(ct.attention, cp_scheme="ulysses"))
     args = _TINY + ["--dropout", "0.1"] + list(layout)
     if MPI_MODE and ct.world_size() != size:
         pytest.skip(f"needs exactly {size} ranks")
@@ -387,7 +364,7 @@ def test_gpt_cp_by_ulysses_gives_the_loss_curve_of_one_process(gpt_train, ulysse
     assert moved == ["all_to_all"] * (2 * 2 * 3 * 4)
 
 
-def test_ulysses_dropout_draws_the_composites_bits(ulysses):
+def test_ulysses_dropout_draws_the_composites_bits():
     """Dropout under Ulysses: the mask drawn by logical position on the head-split
     kernel, the composite's on one rank, forward and backward."""
     from ctensor.nn import functional as F
@@ -399,7 +376,7 @@ def test_ulysses_dropout_draws_the_composites_bits(ulysses):
             t.requires_grad_()
         ct.manual_seed(7)
         if fused:
-            y = ct.attention(q, k, v, causal=True, dropout=0.3)
+            y = ct.attention(q, k, v, causal=True, dropout=0.3, cp_scheme="ulysses")
         else:
             mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)

@@ -12,7 +12,7 @@ q, k, v -> outputs, lse), chosen by cost per mesh axis:
  S(L), B, B -> S(L)        queries split on the sequence, keys and values whole: local, the
                            causal mask from the shard's offsets (gathering k and v)
  S(L), S(L), S(L) -> S(L)  a composite, the ring or Ulysses (the cheaper by the cost
-                           model, ``CP_SCHEME`` forces one). The ring
+                           model; ``cp_scheme=`` names one). The ring
                            (:mod:`ctensor.ops.attention_ring`): each rank passes its
                            key/value block to the next on the mesh axis while computing
                            with the current one; the backward is the ring reversed, the
@@ -46,7 +46,7 @@ import numpy as np
 from .. import cost
 from ..dispatch import as_tensor
 from ..registry import OPS
-from ..sbp import Split
+from ..sbp import Split, format_sbp
 from ..executor import new_tensor
 from ..layout import Layout
 from ..random import next_key
@@ -59,7 +59,7 @@ from ._rules import B, P, S, defop, sig, widen
 __all__ = ["attention", "zigzag_index"]
 
 
-def _meta(layouts, causal, scale, zigzag, dropout=0.0):
+def _meta(layouts, causal, scale, zigzag, dropout=0.0, cp_scheme=None):
     q, k, v = layouts[:3]
     fn = "attention"
     for name, t in (("query", q), ("key", k), ("value", v)):
@@ -102,14 +102,15 @@ def _drop(xp, key, dropout, ctx, qi: int, ki: int, dtype):
                    qr[:-2], qr[-2][0], kr[-2][0], dtype)
 
 
-def _kernel(xp, q, k, v, *key, causal, scale, zigzag, ctx, dropout=0.0):
+def _kernel(xp, q, k, v, *key, causal, scale, zigzag, ctx, dropout=0.0, cp_scheme=None):
     drop = _drop(xp, key[0] if key else None, dropout, ctx, 0, 1, q.dtype)
     q, k, v = widen(xp, q, k, v)
     return attend(xp, q, k, v, _seq_pos(ctx, 0, zigzag), _seq_pos(ctx, 1, zigzag),
                   causal, scale, q.dtype, drop)
 
 
-def _grad_kernel(xp, g, q, k, v, out, lse, *key, causal, scale, zigzag, ctx, dropout=0.0):
+def _grad_kernel(xp, g, q, k, v, out, lse, *key, causal, scale, zigzag, ctx, dropout=0.0,
+                 cp_scheme=None):
     drop = _drop(xp, key[0] if key else None, dropout, ctx, 1, 2, q.dtype)
     g, q, k, v, out, lse = widen(xp, g, q, k, v, out, lse)
     dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
@@ -190,34 +191,42 @@ def _ulysses_comm(layouts, axis, causal, **_):
         packing + cost.dispatch(p.device, OPS_DISPATCHED)
 
 
-#: which composite serves q, k, v split on the sequence: None (the cheaper by the cost
-#: model), "ring" or "ulysses" (forced, where Ulysses applies; set before the calls)
-CP_SCHEME = None
+#: the composites that serve q, k, v split on the sequence (``cp_scheme=``)
+CP_SCHEMES = ("ring", "ulysses")
 
 
-def _scheme(layouts, axis, causal) -> str:
-    """The composite for ``layouts`` on ``axis``: ``"ring"`` or ``"ulysses"``."""
+def _scheme(layouts, axis, causal, cp_scheme=None) -> str:
+    """The composite for ``layouts`` on ``axis``: ``cp_scheme`` when given, else the
+    cheaper of ``"ring"`` and ``"ulysses"`` (the ring where Ulysses does not apply)."""
+    if cp_scheme is not None:
+        return cp_scheme
     if not ulysses_applies(layouts, axis):
         return "ring"
-    if CP_SCHEME is not None:
-        return CP_SCHEME
     return "ring" if _ring_comm(layouts, axis, causal) <= _ulysses_comm(layouts, axis, causal) \
         else "ulysses"
 
 
-def _cp_comm(layouts, axis, causal, **_):
+def _cp_comm(layouts, axis, causal, cp_scheme=None, **_):
     """The seconds of the composite :func:`_scheme` picks (the ring's or Ulysses')."""
-    fn = _ring_comm if _scheme(layouts, axis, causal) == "ring" else _ulysses_comm
-    return fn(layouts, axis, causal)
+    scheme = _scheme(layouts, axis, causal, cp_scheme)
+    return (_ring_comm if scheme == "ring" else _ulysses_comm)(layouts, axis, causal)
 
 
-def _signatures(layouts, causal, scale, zigzag, dropout=0.0, mesh_axis=0):
+def _signatures(layouts, causal, scale, zigzag, dropout=0.0, cp_scheme=None, mesh_axis=0):
     q = layouts[0]
     seq = q.ndim - 2
     key = [B] * (len(layouts) - 3)  # the dropout key: every rank the same
     out = (B, B)
-    cands = [sig([B] * 3 + key, out)]
     cp = _ring_axis(layouts) == mesh_axis
+    if cp and cp_scheme is not None:  # named: that composite, nothing else, on this axis
+        if cp_scheme == "ulysses" and not ulysses_applies(layouts, mesh_axis):
+            raise ValueError(
+                "attention: cp_scheme='ulysses' needs a head dim before the sequence, query "
+                "and key of one length and no other mesh axis splitting the sequence or the "
+                f"heads; got shapes {tuple(q.shape)}, {tuple(layouts[1].shape)} laid out "
+                f"{[format_sbp(l.sbp) for l in layouts[:3]]}; pass cp_scheme='ring' or None")
+        return [sig([S(seq)] * 3 + key, (S(seq), S(seq)), composite=True, comm=_cp_comm)]
+    cands = [sig([B] * 3 + key, out)]
     # (q, k, v split on the sequence here: the head split is Ulysses' composite, one
     # packed all-to-all, not three boxings)
     cands += [sig([S(d)] * 3 + key, (S(d), S(d))) for d in range(seq)
@@ -242,10 +251,10 @@ def _grad_meta(layouts, **_):
     return [(tuple(l.shape), l.dtype) for l in layouts[1:4]]
 
 
-def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0):
-    """The ring: on its axis q, k, v stay split on the sequence; on the other axes a
-    batch or head split the three share stays, a sequence split of q stays (k and v
-    whole there) and anything else is made whole."""
+def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0, cp_scheme=None):
+    """The ring or Ulysses (:func:`_scheme`): on its axis q, k, v stay split on the
+    sequence; on the other axes a batch or head split the three share stays, a sequence
+    split of q stays (k and v whole there) and anything else is made whole."""
     axis = _ring_axis((q._layout, k._layout, v._layout))
     seq = q.ndim - 2
     want = [[], [], []]
@@ -260,7 +269,7 @@ def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0):
             entries = (B, B, B)
         for w, e in zip(want, entries):
             w.append(e)
-    scheme = _scheme((q._layout, k._layout, v._layout), axis, causal)
+    scheme = _scheme((q._layout, k._layout, v._layout), axis, causal, cp_scheme)
     q, k, v = [t if tuple(t.sbp) == tuple(w) else OPS.to_global(t, None, tuple(w))
                for t, w in zip((q, k, v), want)]
     if scheme == "ulysses":
@@ -284,7 +293,7 @@ def _backward(ctx, g, g_lse):
 @defop(kernel=_kernel, meta=_meta, signatures=_signatures, needs_ctx=True, n_outputs=2,
        composite=_composite, backward=_backward, flops=_flops, per_axis=True)
 def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: int = 0,
-              dropout: float = 0.0):
+              dropout: float = 0.0, cp_scheme=None):
     """The attention core ``softmax(query @ key^T * scale) @ value`` (``query (..., L,
     E)``, ``key (..., S, E)``, ``value (..., S, Ev)``, typically (B, H, T, D)), fused:
     the (L, S) scores are never held whole, the backward recomputes them from the saved
@@ -296,9 +305,12 @@ def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: i
     balanced when it is split ``c`` ways. ``dropout=p`` drops probabilities after the
     softmax with the bits ``ct.rand_like(probabilities) >= p`` would give (one random call,
     drawn block by block by logical position: the same mask on every layout, and the same
-    as the composite softmax-dropout-matmul).
+    as the composite softmax-dropout-matmul). ``cp_scheme``: for q, k, v split on the
+    sequence, ``"ring"`` or ``"ulysses"`` serves them on that mesh axis (default None:
+    the cost model picks among those and gathering k and v).
 
     >>> y = ct.attention(q, k, v, causal=True)
+    >>> y = ct.attention(q, k, v, causal=True, cp_scheme="ulysses")
     """
     q, k, v = as_tensor([query, key, value], "attention")
     if not isinstance(causal, (bool, np.bool_)):
@@ -312,7 +324,12 @@ def attention(op, query, key, value, causal: bool = False, scale=None, zigzag: i
             not 0.0 <= dropout < 1.0:
         raise ValueError(f"attention: argument 'dropout' must be a probability in [0, 1), "
                          f"got {dropout!r}")
+    if cp_scheme is not None and cp_scheme not in CP_SCHEMES:
+        raise ValueError(f"attention: argument 'cp_scheme' must be None (the cost model "
+                         f"picks), 'ring' or 'ulysses', got {cp_scheme!r}")
     attrs = dict(causal=bool(causal), scale=float(scale), zigzag=int(zigzag))
+    if cp_scheme is not None:
+        attrs["cp_scheme"] = cp_scheme
     if not dropout:
         return op(q, k, v, **attrs)[0]
     # the probabilities' dropout, drawn as ct.rand_like(probabilities) would draw it (one
