@@ -50,8 +50,9 @@ def head_split(sbp: tuple, axis: int, dim: int) -> tuple:
 
 
 def _moved(opdef, t: Tensor, sbp: tuple) -> Tensor:
-    """``t`` (a temporary of this composite's) boxed to ``sbp``, the move named ``opdef`` in
-    the communication log (as dispatch names an op's input boxing)."""
+    """``t`` (a temporary of this composite's, or the incoming gradient) boxed to ``sbp``,
+    the move named ``opdef`` in the communication log (as dispatch names an op's input
+    boxing); nothing is kept on ``t`` (no cached copy, no read-only flags)."""
     return executor.boxed(opdef, t, t._layout.with_sbp(sbp), True)
 
 
