@@ -201,17 +201,25 @@ class Synchronizer:
         self.started: list = []   # buckets whose reduction runs, in start order
         self.full: list = []      # full buckets held until finish() (no overlap)
         self.direct: list = []    # (leaf, final grad) boxed one by one
+        self.accumulated: set = set()  # ids of leaves whose reduced grad adds to .grad
 
     def deposit(self, leaf, g) -> None:
         """``g`` is ``leaf``'s final gradient of this backward."""
-        if leaf.grad is not None:
-            g = OPS.add(leaf.grad, g)
+        target = getattr(leaf, "_grad_layout", None) or leaf._layout
+        previous = leaf.grad
+        if previous is not None:
+            if self.sync and _bucket_bytes > 0 and previous._layout == target and \
+                    _reduction(g._layout, target) is not None:
+                # an earlier backward's reduced gradient: this one is bucketed alone and
+                # added to it once reduced (as DDP does), not reduced on its own at an add
+                self.accumulated.add(id(leaf))
+            else:
+                g = OPS.add(previous, g)
         if g.dtype != leaf.dtype:
             g = OPS.to(g, leaf.dtype)
         if not self.sync:  # no_sync: keep the layout the graph produced
             self.direct.append((leaf, g))
             return
-        target = getattr(leaf, "_grad_layout", None) or leaf._layout
         plan = _reduction(g._layout, target) if _bucket_bytes > 0 else None
         if plan is None:
             if g._layout == target:  # nothing to move (one rank, or already in place)
@@ -278,6 +286,8 @@ class Synchronizer:
             if unpacks:
                 _profile.leave()
         for leaf, g in results:
+            if id(leaf) in self.accumulated:
+                g = OPS.add(leaf.grad, g)  # (both in the destination layout: local)
             _set_grad(leaf, g)
 
 

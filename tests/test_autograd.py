@@ -60,6 +60,32 @@ def test_no_sync_accumulates_without_communication(mesh):
     assert_layout(w.grad, sum(x.sum(0) for x in xs))
 
 
+def test_accumulation_across_backwards_reduces_in_one_bucket(mesh):
+    """Gradients accumulated over several backward() calls without no_sync (a replicated
+    .grad from the first): each backward reduces its gradients in one bucket and adds them
+    to .grad once reduced (DDP's way), not one all-reduce per parameter at the add."""
+    rng = np.random.default_rng(2)
+    values = [rng.standard_normal(shape) for shape in ((3, 4), (4,), (4, 2))]
+    params = [ct.tensor(v, placement=mesh, sbp=_all(mesh, B), requires_grad=True)
+              for v in values]
+    xs = [rng.standard_normal((6, 3)) for _ in range(3)]
+    logs = []
+    for xv in xs:
+        x = ct.tensor(xv, placement=mesh, sbp=_all(mesh, S0))
+        with ct.debug.comm_log() as log:
+            ((x @ params[0] + params[1]) @ params[2]).sum().backward()
+        logs.append(log)
+    for log in logs:
+        assert log.collectives() == (["all_reduce"] if mesh.size > 1 else []), log.summary()
+    ones = np.ones((6, 2))
+    want = [sum(xv.T @ (ones @ values[2].T) for xv in xs),
+            sum((ones @ values[2].T).sum(0) for _ in xs),
+            sum((xv @ values[0] + values[1]).T @ ones for xv in xs)]
+    for p, w in zip(params, want):
+        assert p.grad.sbp == _all(mesh, B)
+        assert_layout(p.grad, w, rtol=1e-12, atol=1e-12)
+
+
 def test_retain_graph_and_accumulation(mesh):
     x = ct.tensor(np.array([1.0, 2.0, 3.0]), placement=mesh, sbp=_all(mesh, S0),
                   requires_grad=True)
