@@ -3,13 +3,14 @@
 Writes the ``cpu`` table of ``ctensor/devices.toml`` (or of ``--output PATH``), the one the
 signature choice prices ``"cpu"`` placements with and ``ct.plan`` prices a CPU step with
 (:mod:`ctensor.cost`). It measures in a fresh process with one BLAS thread per rank, as the
-benchmarks run; each figure is the best of its repeats (the quiet machine's speed: another
-process that takes the core for a moment slows some repeats, never speeds one up):
+benchmarks run; a kernel's figure is the best of its repeats (the quiet machine's speed:
+another process that takes the core for a moment slows some repeats, never speeds one up), a
+training step's the median of its steps (as ``benchmarks/predict.py`` measures):
 
-* ``gemm`` / ``gemm_fp64``: FLOP/s of square float32 / float64 NumPy GEMMs of sizes 8 to
-  512, keyed by their arithmetic intensity (FLOPs per byte touched): a small GEMM runs far
-  below a large one's rate; ``peak_flops_fp32`` is the largest rate, ``peak_flops`` a
-  float16 GEMM's;
+* ``gemm`` / ``gemm_fp64``: FLOP/s of square float32 / float64 NumPy GEMMs of sizes 16 to
+  512 less NumPy's per-call cost (a 1 x 1 matmul's, which ``op_overhead`` holds), keyed by
+  their arithmetic intensity (FLOPs per byte touched); ``peak_flops_fp32`` is the largest
+  rate, ``peak_flops`` a float16 GEMM's;
 * ``memory_bandwidth``: bytes read plus written per second of NumPy's elementwise add over
   float32 operands of 4 MiB (the cost model's byte count: inputs plus outputs);
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
@@ -32,7 +33,8 @@ process that takes the core for a moment slows some repeats, never speeds one up
   bandwidth). One node: the ``inter_*`` figures repeat the ``intra_*`` ones.
 
 ``--quick``: smaller sizes and fewer repeats (about half a minute). Rerun it on a quiet
-machine: a loaded one measures the other processes too.
+machine: a loaded one measures the other processes too (``--quiet S`` waits up to ``S``
+seconds for an idle machine before each phase).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -47,7 +50,7 @@ from dataclasses import replace
 
 import numpy as np
 
-__all__ = ["measure", "write_table", "main"]
+__all__ = ["measure", "write_table", "main", "wait_quiet", "busy_since", "cpu_times"]
 
 
 def _best_seconds(fn, repeats: int, inner: int = 1) -> float:
@@ -65,6 +68,50 @@ def _best_seconds(fn, repeats: int, inner: int = 1) -> float:
 def _inner(seconds_guess: float) -> int:
     """Calls per timed block: about a millisecond's worth."""
     return max(1, min(2000, int(1e-3 / max(seconds_guess, 1e-7))))
+
+
+# ----------------------------------------------------------------------------- a quiet machine
+def cpu_times() -> tuple:
+    """``(busy, total, ours)``: jiffies of all cores busy and in all (``/proc/stat``; niced
+    processes count: their busy-polling slows ours too), and the seconds of CPU this process and its finished children used;
+    None without ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    t = os.times()
+    return sum(values) - idle, sum(values), t.user + t.system + t.children_user + \
+        t.children_system
+
+
+def busy_since(start: tuple) -> float:
+    """The fraction of all cores other processes kept busy since ``start``
+    (:func:`cpu_times`): all busy time less ours and our children's."""
+    now = cpu_times()
+    if start is None or now is None or now[1] <= start[1]:
+        return 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    others = (now[0] - start[0]) / hz - (now[2] - start[2])
+    return max(0.0, others / ((now[1] - start[1]) / hz))
+
+
+def wait_quiet(seconds: float, calm: float = 5.0, idle: float = 0.10) -> float:
+    """Wait (at most ``seconds``) until the cores have been less than ``idle`` busy for
+    ``calm`` seconds in a row; returns the seconds waited."""
+    t0 = time.monotonic()
+    since = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        start = cpu_times()
+        if start is None:
+            break
+        time.sleep(1.0)
+        if busy_since(start) >= idle:
+            since = time.monotonic()
+        elif time.monotonic() - since >= calm:
+            break
+    return time.monotonic() - t0
 
 
 def gemm_seconds(n: int, dtype, repeats: int) -> float:
@@ -185,10 +232,11 @@ def _trace(make, size):
 
 
 def _profiled(make, size, repeats: int, profiled: bool = True) -> tuple:
-    """``(least seconds of a step, {op: kernel seconds per step}, {op: kernel calls per
+    """``(median seconds of a step, {op: kernel seconds per step}, {op: kernel calls per
     step})`` of a step run for real (``profiled=False``: the first only). Each step is
-    profiled on its own and each op's kernels counted at their least over the steps (as
-    every figure here: another process that takes the core slows some steps)."""
+    profiled on its own and each op's kernels counted at their median over the steps
+    (``benchmarks/predict.py`` compares with median steps; the kernel microbenchmarks
+    above take the best of their repeats instead, a kernel's speed on a quiet core)."""
     import ctensor as ct
     with ct.simulate(1):
         step = make(*size)
@@ -200,8 +248,8 @@ def _profiled(make, size, repeats: int, profiled: bool = True) -> tuple:
             step()
             times.append(time.perf_counter() - t0)
         if not profiled:
-            return min(times), {}, {}
-        kernels, calls = {}, {}
+            return statistics.median(times), {}, {}
+        per_step, calls = {}, {}
         for _ in range(repeats):
             with ct.debug.profile() as prof:
                 step()
@@ -212,9 +260,11 @@ def _profiled(make, size, repeats: int, profiled: bool = True) -> tuple:
                     mine[name] = mine.get(name, 0.0) + seconds
                     count[name] = count.get(name, 0) + 1
             for name, seconds in mine.items():
-                kernels[name] = min(kernels.get(name, seconds), seconds)
+                per_step.setdefault(name, []).append(seconds)
             calls = count
-    return min(times), kernels, calls
+    kernels = {name: statistics.median(v + [0.0] * (repeats - len(v)))
+               for name, v in per_step.items()}
+    return statistics.median(times), kernels, calls
 
 
 def _priced(trace, dev) -> dict:
@@ -332,9 +382,14 @@ def _mpi(nbytes: int, repeats: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
-    """This machine's ``cpu`` table (a dict of :class:`ctensor.cost.Device` fields)."""
+def measure(quick: bool = False, mpi: bool = True, repeats: int = 0,
+            quiet: float = 0.0) -> dict:
+    """This machine's ``cpu`` table (a dict of :class:`ctensor.cost.Device` fields).
+    ``quiet``: wait up to that many seconds for an idle machine before each phase
+    (:func:`wait_quiet`)."""
     from ctensor import cost
+    if quiet:
+        wait_quiet(quiet)
     r = repeats or (5 if quick else 15)
     sizes = GEMM_SIZES[:-1] if quick else GEMM_SIZES
     table = {"gemm": gemm_curve(np.float32, r, sizes),
@@ -353,6 +408,8 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0) -> dict:
     table.update(intra_latency=base.intra_latency, intra_bandwidth=base.intra_bandwidth,
                  call_overhead=base.call_overhead)
     if mpi:
+        if quiet:
+            wait_quiet(quiet)
         m = _mpi((8 << 20) if quick else (32 << 20), r)
         table["intra_latency"] = m["latency"]
         table["call_overhead"] = max(0.0, m["all_reduce_small"] - m["latency"]
@@ -415,6 +472,9 @@ def main(argv=None) -> dict:
     p.add_argument("--name", default="cpu", help="the table's name (default: cpu)")
     p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     p.add_argument("--no-mpi", action="store_true", help="skip the MPI figures")
+    p.add_argument("--quiet", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for an idle machine (other processes under 10%% "
+                        "of the cores for 5 s) before each phase")
     p.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p.add_argument("--repeats", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--mpi-bytes", type=int, default=32 << 20, help=argparse.SUPPRESS)
@@ -443,7 +503,7 @@ def main(argv=None) -> dict:
             print("calibrate: mpi4py is not installed: the MPI figures keep their values")
             mpi = False
     t0 = time.perf_counter()
-    table = measure(a.quick, mpi, a.repeats)
+    table = measure(a.quick, mpi, a.repeats, a.quiet)
     for k in _ORDER:
         if k in table:
             v = table[k]

@@ -22,6 +22,10 @@ thread per rank; a loaded machine measures the other processes too (the load ave
 printed); ``--calibrate`` measures the ``cpu`` table before each round (``--quick``
 calibration) and predicts with it, so predictions and runs see the same load; both are
 medians over rounds.
+``--quiet S``: before each measured run (and calibration) wait up to ``S`` seconds for the
+machine to be idle (other processes, niced ones too, under 10% of the cores for 5 s, from
+``/proc/stat``; on a shared machine their load is what a prediction cannot know) and print
+the share of the cores they took during each run.
 ``--quick``: a tiny model, one round, in under two minutes.
 """
 from __future__ import annotations
@@ -41,6 +45,8 @@ from harness import add_quick, mpiexec, one_blas_thread, positive_int, settle
 one_blas_thread()
 
 import numpy as np  # noqa: E402
+
+from calibrate import busy_since, cpu_times, wait_quiet  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 GPT_DIR = ROOT / "examples" / "gpt"
@@ -206,6 +212,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "the [cpu] table of ctensor/devices.toml) and predict with it: each "
                         "round's predictions and runs see the same load; medians over rounds")
     p.add_argument("--json", help="also write the figures to this file")
+    p.add_argument("--quiet", type=float, default=0.0, metavar="S",
+                   help="wait up to S seconds for an idle machine before each measured run")
     p.add_argument("--block-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     return settle(a, dict(layers=2, hidden=128, heads=4, seq_len=64, global_batch=16, steps=6,
@@ -222,9 +230,9 @@ def predict_all(a) -> dict:
     measured runs then read too, so both choose alike)."""
     if a.calibrate:
         import ctensor as ct
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--quick"],
-                       check=True,
-                       timeout=600, stdout=subprocess.DEVNULL)
+        quiet = ["--quiet", str(a.quiet)] if a.quiet else []
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "calibrate.py"), "--quick",
+                        *quiet], check=True, timeout=1200, stdout=subprocess.DEVNULL)
         ct.cost.load_devices()  # the new table, for the choice and the prices here
     predicted = {name: predict_gpt(a, options) for name, _, options in LAYOUTS}
     predicted[BLOCK] = predict_block(a)
@@ -246,7 +254,14 @@ def main(argv=None) -> dict:
             for name, seconds in predict_all(a).items():
                 guesses[name].append(seconds)
         for name, job in jobs[r % len(jobs):] + jobs[:r % len(jobs)]:
+            if a.quiet:
+                waited = wait_quiet(a.quiet)
+            start = cpu_times()
             rounds[name].append(job())
+            if a.quiet:
+                print(f"  {name}: {1e3 * rounds[name][-1]:.2f} ms, other processes "
+                      f"{100 * busy_since(start):.0f}% of the cores (waited {waited:.0f} s)",
+                      flush=True)
     predicted = {name: statistics.median(v) for name, v in guesses.items()}
     measured = {name: statistics.median(v) for name, v in rounds.items()}
     print(f"GPT {a.layers} layers, hidden {a.hidden}, {a.heads} heads, sequence {a.seq_len}, "

@@ -7,12 +7,14 @@ recorded — the kernels and communication steps of :func:`record`'s traces and 
 Every price comes from the one cost model, :mod:`ctensor.cost` (the one the signature
 choice uses), on a :class:`~ctensor.cost.Device` of ``ctensor/devices.toml``:
 
-* **compute**: each kernel's time on its largest shard is ``max(flops / peak, bytes /
-  memory_bandwidth) / efficiency`` (:func:`ctensor.cost.compute`; ``peak``: the device's
-  half-precision peak for float16 kernels, its float32 peak otherwise; ``efficiency``: the
-  device's, :data:`EFFICIENCY` for every data-sheet GPU, the measured one for a table
-  of ``python benchmarks/calibrate.py``), plus the device's ``op_overhead`` per dispatched op,
-  views included (0 on the GPU tables). By default (``fused=True``) kernels that declare no
+* **compute**: each kernel's time on its largest shard is ``max(flops / rate, bytes /
+  memory_bandwidth) / efficiency`` (:func:`ctensor.cost.compute`, every size an op ran at
+  priced on its own; ``rate``: the device's half-precision peak for float16 kernels, its
+  float32 peak otherwise, or a measured table's ``gemm`` / ``gemm_fp64`` rate at the
+  kernel's arithmetic intensity; ``efficiency``: the op's in a measured table's ``kernels``,
+  else the device's — :data:`EFFICIENCY` for every data-sheet GPU; times the table's
+  ``contention`` when more than one rank of a node computes at once), plus the device's
+  ``op_overhead`` per dispatched op, views included (0 on the GPU tables). By default (``fused=True``) kernels that declare no
   FLOPs (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their
   neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing —
   except the softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth;
