@@ -163,8 +163,10 @@ def plan(call: OpCall) -> OpPlan:
         return OpPlan(call, targets, outs, False)
     same_placement(op.name, [l.placement for l in layouts])
     out_meta = op.meta(layouts, **attrs)
-    advise, picks, advisor_fn = None, [], _advisor
-    if advisor_fn is not None:
+    picks, advisor_fn = [], _advisor
+    if advisor_fn is None:
+        advise = None
+    else:
         def advise(axis, candidates, costs, picked):
             chosen = advisor_fn(call, AxisChoice(axis, tuple(candidates), tuple(costs), picked))
             if chosen is not None and chosen not in candidates:
