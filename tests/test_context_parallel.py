@@ -153,20 +153,26 @@ def test_dropout_in_the_ring_draws_the_composites_bits(cp):
 
 
 def test_cost_model_picks_ring_ulysses_or_gather():
-    """Activations (not pinned) split on the sequence: short sequences gather, long ones
-    on a CPU run as a ring (the block's compute hides the transfer), many heads on a GPU
-    as Ulysses' two all-to-alls (it moves less than the ring for cp > 2)."""
-    def picked(t, heads, device, cp=4):
+    """Activations (not pinned) split on the sequence: short sequences gather; long ones on
+    a CPU run as a ring where every rank does the same work (not causal, or causal in the
+    zig-zag order: the block's compute hides the transfer) and as Ulysses' two all-to-alls
+    when causal in the natural order (there the ring's last rank sees every earlier block
+    whole, Ulysses' ranks the causal average); many heads on a GPU go Ulysses (it moves
+    less than the ring for cp > 2)."""
+    def picked(t, heads, device, cp=4, causal=True, zigzag=0):
         with ct.simulate(cp, meta=True):
             p = ct.placement(device, list(range(cp)))
             q, k, v = [ct.randn(1, heads, t, 64, placement=p, sbp=ct.sbp.split(2),
                                 requires_grad=True) * 1.0 for _ in range(3)]
             with ct.debug.comm_log() as log:
-                ct.attention(q, k, v, causal=True)
+                ct.attention(q, k, v, causal=causal, zigzag=zigzag)
         return log
 
     assert set(picked(64, 2, "cpu").collectives()) == {"all_gather"}
-    assert picked(4096, 32, "cpu").collectives() == ["send_recv"] * 3
+    assert picked(4096, 32, "cpu", zigzag=4).collectives() == ["send_recv"] * 3
+    assert picked(4096, 32, "cpu", causal=False).collectives() == ["send_recv"] * 3
+    assert picked(4096, 32, "cpu").collectives() == ["all_to_all"] * 2
+    assert picked(4096, 2, "cpu", cp=2).collectives() == ["all_to_all"] * 2
     log = picked(4096, 32, "cuda")
     assert log.collectives() == ["all_to_all"] * 2
     block = 32 * 1024 * 64 * 4  # one rank's q (float32)
@@ -174,10 +180,12 @@ def test_cost_model_picks_ring_ulysses_or_gather():
 
 
 def test_ring_memory_at_cp4():
-    """Shape-only, seq 1024: the attention core's activations per rank at CP 4 (forward
-    and backward: output, log-sum-exp, gradients) are at most 0.3x one rank's; the
-    composite that materialises the scores holds far more."""
-    def peak(cp, fused=True):
+    """Shape-only, seq 1024: the attention core's activations per rank at CP 4 under the
+    ring (forward and backward: output, log-sum-exp, gradients) are at most 0.3x one
+    rank's; the composite that materialises the scores holds far more. (Ulysses, which the
+    cost model takes for causal attention in the natural order, holds ~0.66x: its packed
+    q, k, v and output.)"""
+    def peak(cp, fused=True, scheme=None):
         with ct.simulate(cp, meta=True):
             p = ct.placement("cpu", list(range(cp)))
             q, k, v = [ct.randn(1, 4, 1024, 16, placement=p, sbp=ct.sbp.split(2),
@@ -186,13 +194,13 @@ def test_ring_memory_at_cp4():
                 ct.debug.reset_peak_memory()
                 base = ct.debug.memory(0).current_total
                 if fused:
-                    y = ct.attention(q, k, v, causal=True)
+                    y = ct.attention(q, k, v, causal=True, cp_scheme=scheme)
                 else:
                     s = ct.softmax(ct.causal_fill(ct.linear(q, k) * 0.25, float("-inf")), -1)
                     y = s @ v
                 y.sum().backward()
                 return ct.debug.memory(0).peak["activations"] - base
-    one, ring, composite = peak(1), peak(4), peak(1, fused=False)
+    one, ring, composite = peak(1), peak(4, scheme="ring"), peak(1, fused=False)
     print(f"activations per rank: one rank {one} B, CP 4 {ring} B ({ring / one:.3f}x), "
           f"the composite on one rank {composite} B")
     assert ring <= 0.3 * one, (ring, one)

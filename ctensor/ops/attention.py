@@ -120,15 +120,23 @@ def _grad_kernel(xp, g, q, k, v, out, lse, *key, causal, scale, zigzag, ctx, dro
     return dq, dk, dv
 
 
-def _flops(ins, outs, causal, **_):
+def _flops(ins, outs, causal, zigzag=0, **_):
+    """FLOPs of one shard's kernel on the busiest rank: causal, a query block shorter than
+    the keys is the sequence's last (it sees ``len(q) * len(k) - len(q)**2 / 2`` pairs; the
+    first block sees only its diagonal) unless the zig-zag order balances the ranks."""
     q, k, v = ins[:3]
     rows = int(np.prod(q[:-1], dtype=np.int64))
     work = 2.0 * rows * k[-2] * (q[-1] + v[-1]) + 5.0 * rows * k[-2]  # (exp, max, sum)
-    return work / 2 if causal else work
+    if not causal:
+        return work
+    nq, nk = q[-2], k[-2]
+    if zigzag or nq >= nk or nk == 0:
+        return work / 2
+    return work * (1.0 - nq / (2.0 * nk))
 
 
-def _grad_flops(ins, outs, causal, **_):
-    return 2.5 * _flops(ins[1:4], outs, causal)
+def _grad_flops(ins, outs, causal, zigzag=0, **_):
+    return 2.5 * _flops(ins[1:4], outs, causal, zigzag)
 
 
 def _split_all(layouts, axis: int, dim: int) -> bool:
@@ -143,12 +151,14 @@ def _ring_axis(layouts):
                  if _split_all(layouts[:3], a, dim)), None)
 
 
-def _ring_comm(layouts, axis, causal, **_):
+def _ring_comm(layouts, axis, causal, zigzag=0, **_):
     """Seconds the ring adds to the charge of one block on this axis (forward and
-    backward): ``n - 1`` more blocks computed, each overlapping the transfer of the next
-    key/value block (``n - 1`` of them); backward ``n - 1`` hops of the block with its
-    gradient accumulators (the last of the accumulators alone), each overlapping a
-    ``1 / (n - 1)`` piece of the rank's own block's backward."""
+    backward), on its busiest rank: ``n - 1`` more blocks computed, each overlapping the
+    transfer of the next key/value block (``n - 1`` of them); backward ``n - 1`` hops of
+    the block with its gradient accumulators (the last of the accumulators alone), each
+    overlapping a ``1 / (n - 1)`` piece of the rank's own block's backward. Causal in the
+    natural order the last rank sees each earlier block whole; the zig-zag order
+    (``zigzag = n``) gives every rank the causal average."""
     q, k, v = layouts[:3]
     p = q.placement
     n = p.shape[axis]
@@ -157,7 +167,7 @@ def _ring_comm(layouts, axis, causal, **_):
     first = p.rank_list[0]
     block = k.local_nbytes(first) + v.local_nbytes(first)
     shapes = [l.local_shape(first) for l in (q, k, v)]
-    fwd = cost.compute(p.device, 0.0, _flops(shapes, (), causal))
+    fwd = cost.compute(p.device, 0.0, _flops(shapes, (), causal and zigzag == n, zigzag))
     send = cost.collective("send_recv", 2, 2 * block, p.device)
     hidden = 2.5 * fwd / (n - 1)  # (the backward's compute: 2.5 times the forward's)
     back = sum(max(0.0, cost.collective("send_recv", 2, (2 if s == n - 2 else 4) * block,
@@ -195,21 +205,22 @@ def _ulysses_comm(layouts, axis, causal, **_):
 CP_SCHEMES = ("ring", "ulysses")
 
 
-def _scheme(layouts, axis, causal, cp_scheme=None) -> str:
+def _scheme(layouts, axis, causal, cp_scheme=None, zigzag=0) -> str:
     """The composite for ``layouts`` on ``axis``: ``cp_scheme`` when given, else the
     cheaper of ``"ring"`` and ``"ulysses"`` (the ring where Ulysses does not apply)."""
     if cp_scheme is not None:
         return cp_scheme
     if not ulysses_applies(layouts, axis):
         return "ring"
-    return "ring" if _ring_comm(layouts, axis, causal) <= _ulysses_comm(layouts, axis, causal) \
-        else "ulysses"
+    ring = _ring_comm(layouts, axis, causal, zigzag)
+    return "ring" if ring <= _ulysses_comm(layouts, axis, causal) else "ulysses"
 
 
-def _cp_comm(layouts, axis, causal, cp_scheme=None, **_):
+def _cp_comm(layouts, axis, causal, cp_scheme=None, zigzag=0, **_):
     """The seconds of the composite :func:`_scheme` picks (the ring's or Ulysses')."""
-    scheme = _scheme(layouts, axis, causal, cp_scheme)
-    return (_ring_comm if scheme == "ring" else _ulysses_comm)(layouts, axis, causal)
+    if _scheme(layouts, axis, causal, cp_scheme, zigzag) == "ring":
+        return _ring_comm(layouts, axis, causal, zigzag)
+    return _ulysses_comm(layouts, axis, causal)
 
 
 def _signatures(layouts, causal, scale, zigzag, dropout=0.0, cp_scheme=None, mesh_axis=0):
@@ -269,7 +280,7 @@ def _composite(q, k, v, *key, causal, scale, zigzag, dropout=0.0, cp_scheme=None
             entries = (B, B, B)
         for w, e in zip(want, entries):
             w.append(e)
-    scheme = _scheme((q._layout, k._layout, v._layout), axis, causal, cp_scheme)
+    scheme = _scheme((q._layout, k._layout, v._layout), axis, causal, cp_scheme, zigzag)
     q, k, v = [t if tuple(t.sbp) == tuple(w) else OPS.to_global(t, None, tuple(w))
                for t, w in zip((q, k, v), want)]
     if scheme == "ulysses":
