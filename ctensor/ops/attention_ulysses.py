@@ -96,6 +96,10 @@ def _backward(opdef, g, saved, seq_sbp, attrs, keys):
     if g.sbp != seq_sbp:  # (where the ring takes it)
         g = OPS.to_global(g, None, seq_sbp)
     gh = _moved(grad_op, g, out_h.sbp)
-    grads = grad_op(gh, qh, kh, vh, out_h, lse_h, *keys, **attrs)
-    packed = _moved(grad_op, OPS.cat(list(grads), qh.ndim - 1), seq_sbp)
+    del g
+    # (each temporary let go as soon as the next one is made: the head-split gradients
+    # and their concatenation are three blocks each, the backward's peak)
+    packed = OPS.cat(list(grad_op(gh, qh, kh, vh, out_h, lse_h, *keys, **attrs)), qh.ndim - 1)
+    del gh
+    packed = _moved(grad_op, packed, seq_sbp)
     return tuple(_slices(packed, (e, e, ev)))
