@@ -23,7 +23,7 @@ harness.one_blas_thread()  # before NumPy starts its BLAS threads
 import numpy as np  # noqa: E402
 
 import ctensor as ct  # noqa: E402
-from harness import add_quick, free_port, positive_int, settle  # noqa: E402
+from harness import add_quick, positive_int, settle, torch_init_method  # noqa: E402
 
 
 def _per_call(fn, number: int, rounds: int = 5) -> float:
@@ -69,7 +69,7 @@ def _dtensor(av, bv, split: bool, grad: bool):
     comm = MPI.COMM_WORLD
     torch.set_num_threads(1)  # as NumPy's one BLAS thread per rank
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port(comm)}",
+        dist.init_process_group("gloo", init_method=torch_init_method(comm),
                                 rank=comm.rank, world_size=comm.size)
     mesh = init_device_mesh("cpu", (comm.size,))
     a = distribute_tensor(torch.from_numpy(av), mesh, [Shard(0) if split else Replicate()])

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness import add_quick, free_port, mpiexec, positive_int, settle
+from harness import add_quick, mpiexec, positive_int, settle, torch_init_method
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN = ROOT / "examples" / "gpt" / "train.py"
@@ -374,7 +374,7 @@ def ddp_worker(a) -> None:
     from torch.nn.parallel import DistributedDataParallel
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port(comm)}",
+    dist.init_process_group("gloo", init_method=torch_init_method(comm),
                             rank=comm.rank, world_size=comm.size)
     model = torch_gpt(initial_weights(a), a.heads)
     ddp = DistributedDataParallel(model)

@@ -7,7 +7,6 @@ CI does). An option given explicitly wins over both.
 from __future__ import annotations
 
 import argparse
-import socket
 import os
 import shutil
 import statistics
@@ -94,12 +93,15 @@ def interleaved(steps: dict, repeats: int, comm, warmup: int = 1,
     return {name: comm.allreduce(statistics.median(t), op=MPI.MAX) for name, t in times.items()}
 
 
-def free_port(comm) -> int:
-    """A free localhost port chosen by rank 0 and told to every rank (for torch.distributed
-    peers initialised over TCP)."""
-    port = 0
+def torch_init_method(comm) -> str:
+    """A ``torch.distributed`` init method for the ranks of ``comm`` (one machine): a
+    file store in a fresh directory rank 0 makes and removes at exit. No TCP port: a port
+    picked free and then bound by torch could be taken in between by another job."""
+    path = None
     if comm.rank == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port, root=0)
+        import atexit
+        import tempfile
+        folder = tempfile.mkdtemp(prefix="ctensor-torch-store-")
+        atexit.register(shutil.rmtree, folder, True)
+        path = os.path.join(folder, "store")
+    return "file://" + comm.bcast(path, root=0)

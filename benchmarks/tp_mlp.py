@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 import ctensor as ct  # noqa: E402
-from harness import add_quick, free_port, positive_int, settle  # noqa: E402
+from harness import add_quick, positive_int, settle, torch_init_method  # noqa: E402
 
 TARGET = 1.15  # ctensor's step time / the floor's
 
@@ -116,7 +116,7 @@ class DTensor:
         from torch.distributed.tensor import Replicate, Shard, distribute_tensor
         torch.set_num_threads(1)  # as NumPy's one BLAS thread per rank
         if not dist.is_initialized():
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port(comm)}",
+            dist.init_process_group("gloo", init_method=torch_init_method(comm),
                                     rank=comm.rank, world_size=comm.size)
         mesh = init_device_mesh("cpu", (comm.size,))
         self.torch = torch
