@@ -53,6 +53,15 @@ def _ops(log, collective="send_recv"):
     return [e.op for e in log if e.collective == collective]
 
 
+def _check_sequence_split(y, grads, ref) -> None:
+    """The output and q, k, v's gradients split on the sequence, with one rank's values."""
+    assert y.sbp == (ct.sbp.split(2),)
+    np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
+    for got, want in zip(grads, ref[1:]):
+        assert got.sbp == (ct.sbp.split(2),)
+        np.testing.assert_allclose(got.numpy(), want, **TOL)
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("causal", [False, True])
 def test_ring_equals_one_rank(cp, causal):
@@ -65,11 +74,7 @@ def test_ring_equals_one_rank(cp, causal):
     with world(cp):
         p = ct.placement("cpu", list(range(cp)))
         y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal, scheme="ring")
-        assert y.sbp == (ct.sbp.split(2),)
-        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
-        for got, want in zip(grads, ref[1:]):
-            assert got.sbp == (ct.sbp.split(2),)
-            np.testing.assert_allclose(got.numpy(), want, **TOL)
+        _check_sequence_split(y, grads, ref)
     assert fwd.collectives() == ["send_recv"] * (cp - 1)
     assert _ops(fwd) == ["attention"] * (cp - 1)
     assert bwd.collectives() == ["send_recv"] * (cp - 1)
@@ -121,32 +126,36 @@ def test_ring_on_one_axis_of_a_2x2_mesh(sbp):
         assert log.collectives().count("send_recv") == 1
 
 
+def _dropout_run(placement, sbp, scheme):
+    """Causal attention with dropout 0.3 (seed 7) forward and backward: the fused op under
+    ``scheme`` (``cp_scheme``), or with ``scheme=None`` the composite (a mask keeps it:
+    softmax, ``F.dropout`` of the probabilities, matmul). ``(output and q, k, v's
+    gradients, the backward's comm log)``."""
+    from ctensor.nn import functional as F
+    arrays = _arrays((2, 2, 11, 3), seed=5)
+    q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
+    for t in (q, k, v):
+        t.requires_grad_()
+    ct.manual_seed(7)
+    if scheme is not None:
+        y = ct.attention(q, k, v, causal=True, dropout=0.3, cp_scheme=scheme)
+    else:
+        mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
+    with ct.debug.comm_log() as log:
+        (y * g).sum().backward()
+    return [y.numpy()] + [t.grad.numpy() for t in (q, k, v)], log
+
+
 @pytest.mark.parametrize("cp", [2, 4])
 def test_dropout_in_the_ring_draws_the_composites_bits(cp):
     """``ct.attention(..., dropout=p)`` (what F.scaled_dot_product_attention calls) under
     the ring equals the composite on one rank — softmax, ``F.dropout`` (``ct.rand_like`` of
     the probabilities), matmul — with the same seed, forward and backward: the mask is
     drawn by logical position, block by block."""
-    from ctensor.nn import functional as F
-    arrays = _arrays((2, 2, 11, 3), seed=5)
-
-    def run(placement, sbp, fused):
-        q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
-        for t in (q, k, v):
-            t.requires_grad_()
-        ct.manual_seed(7)
-        if fused:
-            y = ct.attention(q, k, v, causal=True, dropout=0.3, cp_scheme="ring")
-        else:  # (a mask keeps the composite)
-            mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
-        with ct.debug.comm_log() as log:
-            (y * g).sum().backward()
-        return [y.numpy()] + [t.grad.numpy() for t in (q, k, v)], log
-
     with world(cp):
-        want, _ = run(ct.placement("cpu", [0]), ct.sbp.broadcast, False)
-        got, log = run(ct.placement("cpu", list(range(cp))), ct.sbp.split(2), True)
+        want, _ = _dropout_run(ct.placement("cpu", [0]), ct.sbp.broadcast, None)
+        got, log = _dropout_run(ct.placement("cpu", list(range(cp))), ct.sbp.split(2), "ring")
     assert log.collectives().count("send_recv") == cp - 1
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, **TOL)
@@ -316,11 +325,7 @@ def test_ulysses_equals_one_rank(cp, causal):
     with world(cp):
         p = ct.placement("cpu", list(range(cp)))
         y, grads, fwd, bwd = _run(p, ct.sbp.split(2), arrays, causal, scheme="ulysses")
-        assert y.sbp == (ct.sbp.split(2),)
-        np.testing.assert_allclose(y.numpy(), ref[0], **TOL)
-        for got, want in zip(grads, ref[1:]):
-            assert got.sbp == (ct.sbp.split(2),)
-            np.testing.assert_allclose(got.numpy(), want, **TOL)
+        _check_sequence_split(y, grads, ref)
     assert fwd.collectives() == ["all_to_all"] * 2
     assert _ops(fwd, "all_to_all") == ["attention"] * 2
     assert bwd.collectives() == ["all_to_all"] * 2
@@ -376,26 +381,9 @@ def test_gpt_cp_by_ulysses_gives_the_loss_curve_of_one_process(gpt_train, monkey
 def test_ulysses_dropout_draws_the_composites_bits():
     """Dropout under Ulysses: the mask drawn by logical position on the head-split
     kernel, the composite's on one rank, forward and backward."""
-    from ctensor.nn import functional as F
-    arrays = _arrays((2, 2, 11, 3), seed=5)
-
-    def run(placement, sbp, fused):
-        q, k, v, g = [ct.tensor(a, placement=placement, sbp=sbp) for a in arrays]
-        for t in (q, k, v):
-            t.requires_grad_()
-        ct.manual_seed(7)
-        if fused:
-            y = ct.attention(q, k, v, causal=True, dropout=0.3, cp_scheme="ulysses")
-        else:
-            mask = ct.tril(ct.ones(11, 11, dtype=ct.bool, placement=placement))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.3)
-        with ct.debug.comm_log() as log:
-            (y * g).sum().backward()
-        return [y.numpy()] + [t.grad.numpy() for t in (q, k, v)], log
-
     with world(2):
-        want, _ = run(ct.placement("cpu", [0]), ct.sbp.broadcast, False)
-        got, log = run(ct.placement("cpu", [0, 1]), ct.sbp.split(2), True)
+        want, _ = _dropout_run(ct.placement("cpu", [0]), ct.sbp.broadcast, None)
+        got, log = _dropout_run(ct.placement("cpu", [0, 1]), ct.sbp.split(2), "ulysses")
     assert log.collectives() == ["all_to_all"] * 2
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, **TOL)

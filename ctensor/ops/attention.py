@@ -151,6 +151,13 @@ def _ring_axis(layouts):
                  if _split_all(layouts[:3], a, dim)), None)
 
 
+def _axis(layout, axis: int) -> tuple:
+    """``(placement, ranks on mesh axis, the first rank)`` of ``layout`` (the first rank
+    holds the largest part under the uneven rule: the one the prices read)."""
+    p = layout.placement
+    return p, p.shape[axis], p.rank_list[0]
+
+
 def _ring_comm(layouts, axis, causal, zigzag=0, **_):
     """Seconds the ring adds to the charge of one block on this axis (forward and
     backward), on its busiest rank: ``n - 1`` more blocks computed, each overlapping the
@@ -160,11 +167,9 @@ def _ring_comm(layouts, axis, causal, zigzag=0, **_):
     natural order the last rank sees each earlier block whole; the zig-zag order
     (``zigzag = n``) gives every rank the causal average."""
     q, k, v = layouts[:3]
-    p = q.placement
-    n = p.shape[axis]
+    p, n, first = _axis(q, axis)
     if n == 1:
         return 0.0
-    first = p.rank_list[0]
     block = k.local_nbytes(first) + v.local_nbytes(first)
     shapes = [l.local_shape(first) for l in (q, k, v)]
     fwd = cost.compute(p.device, 0.0, _flops(shapes, (), causal and zigzag == n, zigzag))
@@ -182,11 +187,9 @@ def _ulysses_comm(layouts, axis, causal, **_):
     in, dq, dk, dv packed back), the packing's copies and the ops it dispatches beyond the
     one every candidate pays (the ring's are inside its one)."""
     q, k, v = layouts[:3]
-    p = q.placement
-    n = p.shape[axis]
+    p, n, first = _axis(q, axis)
     if n == 1:
         return 0.0
-    first = p.rank_list[0]
     heads = q.ndim - 3
     block = [l.local_shape(first) for l in (q, k, v)]
     split = [l.with_sbp(head_split(l.sbp, axis, heads)).local_shape(first) for l in (q, k, v)]
