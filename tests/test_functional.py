@@ -166,6 +166,32 @@ def test_embedding(mesh):
         np.testing.assert_allclose(wt.grad.numpy(), expected)
 
 
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_embedding_gradient_rows_added_in_order(chunk, monkeypatch):
+    """The weight's gradient adds each token's row with 1-D add.at on flat positions (the
+    fast path, in chunks of at most ``_ROWS_CHUNK`` positions): the bits of the row form
+    ``np.add.at(out, ids, rows)``, repeated ids included; other forms fall back."""
+    from ctensor.ops import embedding as emb
+    if chunk is not None:
+        monkeypatch.setattr(emb, "_ROWS_CHUNK", chunk)
+    rng = np.random.default_rng(4)
+    for shape, vocab, width, dtype in [((4, 16), 9, 5, np.float32), ((300,), 3, 2, np.float64)]:
+        ids = rng.integers(0, vocab, shape)
+        rows = rng.standard_normal(shape + (width,)).astype(dtype)
+        want = np.zeros((vocab, width), dtype)
+        np.add.at(want, ids, rows)
+        got = np.zeros((vocab, width), dtype)
+        assert emb.index_add(np, got, ids, rows) is got
+        np.testing.assert_array_equal(got, want)
+    assert not emb._rows_add(np.zeros((3, 2)), np.array([-1, 0]), np.ones((2, 2)))
+    assert not emb._rows_add(np.zeros((3, 2)), np.array([0, 1]), np.ones(2))  # (broadcast)
+    w = ct.tensor(rng.standard_normal((6, 4)), requires_grad=True)
+    ids = np.array([[1, 5, 1], [0, 1, 5]])
+    (F.embedding(ct.tensor(ids), w) * 2.0).sum().backward()
+    np.testing.assert_array_equal(w.grad.numpy(), 2.0 * np.bincount(ids.ravel(), minlength=6)
+                                  [:, None] * np.ones((1, 4)))
+
+
 def test_embedding_vocab_split_no_gather_of_weight(mesh):
     rng = np.random.default_rng(6)
     ids, w = rng.integers(0, 9, (2, 3)), rng.standard_normal((9, 4))

@@ -19,6 +19,8 @@ weight's own layout (a vocabulary-split weight gets a vocabulary-split gradient)
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ._checks import check_range
@@ -41,12 +43,43 @@ def index_add(xp, out, index, values):
             np.add.at(out.reshape(-1), flat.reshape(-1),
                       np.broadcast_to(values, flat.shape).reshape(-1))
             return out
+    if xp is np and _rows_add(out, index, values):
+        return out
     if xp is np or hasattr(xp.add, "at"):
         xp.add.at(out, index, values)
     else:  # older CuPy
         import cupyx
         cupyx.scatter_add(out, index, values)
     return out
+
+
+#: the most flat positions one call of :func:`_rows_add` computes at once (int64: 32 MiB)
+_ROWS_CHUNK = 1 << 22
+
+
+def _rows_add(out, index, values) -> bool:
+    """``out[index[i]] += values[i]`` for an integer array ``index`` of rows of ``out`` and
+    ``values`` of shape ``index.shape + out.shape[1:]`` as 1-D ``add.at`` calls on flat
+    positions, NumPy's fast path (the row form is 2-5x slower). Each element receives its
+    additions in the same order, so the bits are the same. False (nothing done) for other
+    forms: negative rows, another values shape, a non-contiguous ``out``."""
+    if not (isinstance(index, np.ndarray) and index.dtype.kind in "iu" and out.ndim > 1 and
+            out.flags.c_contiguous and isinstance(values, np.ndarray) and
+            values.shape == index.shape + out.shape[1:] and values.dtype == out.dtype):
+        return False
+    rows = index.reshape(-1)
+    if rows.size == 0:
+        return True
+    if rows.min() < 0:
+        return False
+    width = math.prod(out.shape[1:])
+    flat_out, flat_values = out.reshape(-1), values.reshape(-1)
+    step = max(1, _ROWS_CHUNK // max(width, 1))
+    columns = np.arange(width, dtype=np.int64)
+    for start in range(0, rows.size, step):  # (in order: the same additions, chunk by chunk)
+        part = rows[start:start + step].astype(np.int64)[:, None] * width + columns
+        np.add.at(flat_out, part.reshape(-1), flat_values[start * width:(start + step) * width])
+    return True
 
 
 def check_int(opname: str, arg: str, layout) -> None:
