@@ -18,7 +18,8 @@ from .losses import (CrossEntropyLoss, NLLLoss, MSELoss, L1Loss, SmoothL1Loss, H
 from . import init
 from .transformer import CausalSelfAttention, MLP, Block, GPT
 from .moe import MoE
-from .fsdp import fully_shard, mixed_precision, compute_dtype
+from .fsdp import fully_shard, mixed_precision
+from .precision import compute_dtype
 from . import fsdp, moe, parallel, utils
 
 __all__ = ["functional", "init", "Module", "Parameter", "Linear", "Embedding", "LayerNorm",

@@ -60,8 +60,9 @@ import ctensor as ct
 from . import utils
 from .module import Module
 from .moe import MoE
+from .precision import compute_dtype
 
-__all__ = ["fully_shard", "mixed_precision", "compute_dtype", "FSDPSpec"]
+__all__ = ["fully_shard", "mixed_precision", "FSDPSpec"]
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 
@@ -546,43 +547,6 @@ def fully_shard(module: Module, placement, dp_axis: int = 0,
                 full[dp_axis] = B
                 unit.full_sbp[pname] = tuple(full)
     return module
-
-
-_NO_BF16 = ("bfloat16 is not available: NumPy (and CuPy) have no bfloat16 dtype, and ctensor "
-            "does not add one through the ml_dtypes package (its bfloat16 products have no "
-            "BLAS kernel, so on a CPU they would be slower than float32 and save no more "
-            "memory than float16); use float16 (ct.float16 with optim.GradScaler) or float32")
-
-
-def compute_dtype(dtype) -> np.dtype:
-    """``dtype`` (a dtype or one of ``"fp32" "float32" "fp16" "float16" "half" "fp64"
-    "float64"``) as a NumPy floating dtype; ``"bf16"``/``"bfloat16"`` raise ``TypeError``
-    saying what to use instead.
-
-    >>> nn.compute_dtype("fp16")
-    dtype('float16')
-    """
-    names = {"fp16": np.float16, "half": np.float16, "float16": np.float16,
-             "fp32": np.float32, "float32": np.float32, "float": np.float32,
-             "fp64": np.float64, "float64": np.float64, "double": np.float64}
-    if isinstance(dtype, str):
-        if dtype.lower() in ("bf16", "bfloat16"):
-            raise TypeError(f"mixed_precision: {_NO_BF16}")
-        if dtype.lower() not in names:
-            raise ValueError(f"mixed_precision: unknown dtype {dtype!r}; accepted "
-                             f"{sorted(names)} or a floating dtype")
-        return np.dtype(names[dtype.lower()])
-    try:
-        out = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"mixed_precision: argument 'dtype' must be a floating dtype, got "
-                        f"{dtype!r}") from None
-    if "bfloat16" in str(out):
-        raise TypeError(f"mixed_precision: {_NO_BF16}")
-    if out.kind != "f":
-        raise TypeError(f"mixed_precision: argument 'dtype' must be a floating dtype, got "
-                        f"{out}")
-    return out
 
 
 def mixed_precision(module: Module, dtype=np.float16) -> Module:

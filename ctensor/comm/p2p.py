@@ -68,6 +68,21 @@ class _Incoming:
         self.header_request, self.data, self.checked = header_request, [], False
 
 
+
+def _by_peer(messages: Sequence[Message], rank: int) -> tuple:
+    """``(outgoing, incoming)``: ``rank``'s messages to each other rank and from each, in
+    order (its messages to itself are neither)."""
+    outgoing: dict[int, list] = {}
+    incoming: dict[int, list] = {}
+    for m in messages:
+        if m.src == m.dst:
+            continue
+        if m.src == rank:
+            outgoing.setdefault(m.dst, []).append(m)
+        elif m.dst == rank:
+            incoming.setdefault(m.src, []).append(m)
+    return outgoing, incoming
+
 class NonblockingExchange:
     """``exchange_start``, ``flush`` and their bookkeeping, for the MPI communicator."""
 
@@ -101,15 +116,7 @@ class NonblockingExchange:
         if self._outbox:
             self._reap()
         received = {m: sends[m] for m in messages if m.src == m.dst == self.rank}
-        outgoing: dict[int, list] = {}
-        incoming: dict[int, list] = {}
-        for m in messages:
-            if m.src == m.dst:
-                continue
-            if m.src == self.rank:
-                outgoing.setdefault(m.dst, []).append(m)
-            elif m.dst == self.rank:
-                incoming.setdefault(m.src, []).append(m)
+        outgoing, incoming = _by_peer(messages, self.rank)
         if not outgoing and not incoming:
             return Pending(received)
         op, step = context.current()

@@ -193,6 +193,23 @@ def _rows(m: int, parts: int) -> list:
     return [(m * j // parts, m * (j + 1) // parts) for j in range(parts)]
 
 
+def _home(xp, own_grads: dict, grads: dict, e: int, k_dtype, v_dtype) -> tuple:
+    """``(dk, dv)`` shards once the accumulators are home: rank i holds its own block's,
+    which have visited every other rank, and adds its own contributions (dk and dv arrays
+    of their own, contiguous, so autograd keeps them as they are)."""
+    total = {r: d + grads[r] if grads else d for r, d in own_grads.items()}
+    return (_cast({r: xp.ascontiguousarray(d[..., :e]) for r, d in total.items()}, k_dtype),
+            _cast({r: xp.ascontiguousarray(d[..., e:]) for r, d in total.items()}, v_dtype))
+
+
+def _query_partial(ql, kl, axis: int) -> tuple:
+    """The SBP of k's and v's gradients: ``kl``'s, with partial sums on an axis (other than
+    the ring's) splitting q's sequence where k and v are whole (each rank there holds its
+    queries' part of them)."""
+    return tuple(Partial(ReduceOp.SUM) if isinstance(eq, Split) and eq.dim == ql.ndim - 2
+                 and a != axis else ek for a, (eq, ek) in enumerate(zip(ql.sbp, kl.sbp)))
+
+
 def _backward(opdef, g, q, k, v, out, lse, last, axis, attrs, key=None):
     if g is None:
         return None, None, None
@@ -254,14 +271,7 @@ def _backward(opdef, g, q, k, v, out, lse, last, axis, attrs, key=None):
         if n == 1:
             for r in qs:
                 contribute(r, r, own[r], own_grads[r])
-        # the accumulators are home: rank i holds its own block's, which have visited
-        # every other rank; its own contributions added (dk and dv arrays of their own,
-        # contiguous, so autograd keeps them as they are)
-        total = {r: d + grads[r] if grads else d for r, d in own_grads.items()}
-        result["dk"] = _cast({r: xp.ascontiguousarray(d[..., :e]) for r, d in total.items()},
-                             kl.dtype)
-        result["dv"] = _cast({r: xp.ascontiguousarray(d[..., e:]) for r, d in total.items()},
-                             vl.dtype)
+        result["dk"], result["dv"] = _home(xp, own_grads, grads, e, kl.dtype, vl.dtype)
         return _cast(dq, ql.dtype)
 
     context.op_stack.append(grad_name.name)
@@ -270,10 +280,7 @@ def _backward(opdef, g, q, k, v, out, lse, last, axis, attrs, key=None):
         if not result:
             for s in range(n - 1):
                 _Shift(packet_l[s], axis, -1 - s, -1).record()
-        # an axis splitting q's sequence where k and v are whole: each rank there holds its
-        # queries' part of their gradients (partial sums)
-        part = tuple(Partial(ReduceOp.SUM) if isinstance(eq, Split) and eq.dim == ql.ndim - 2
-                     and a != axis else ek for a, (eq, ek) in enumerate(zip(ql.sbp, kl.sbp)))
+        part = _query_partial(ql, kl, axis)
         dk = new_tensor(kl.with_sbp(part), lambda: result["dk"])
         dv = new_tensor(vl.with_sbp(part), lambda: result["dv"])
     finally:
