@@ -30,7 +30,8 @@ training step's the median of its steps (as ``benchmarks/predict.py`` measures):
   ``intra_bandwidth`` — the bytes one rank sends per second in a ctensor all-reduce of
   ``--mpi-bytes`` (its time less the small one's); ``contention``: how much slower the
   d = 160 GPT's kernels run on both ranks at once than on rank 0 alone while rank 1 sleeps
-  (the two taken in turn; shared caches and memory bandwidth). One node: the ``inter_*`` figures repeat the ``intra_*`` ones.
+  (the two taken in turn; shared caches and memory bandwidth). One node: the ``inter_*``
+  figures repeat the ``intra_*`` ones.
 
 ``--quick``: smaller sizes and fewer repeats (about half a minute). Rerun it on a quiet
 machine: a loaded one measures the other processes too (``--quiet S`` waits up to ``S``
@@ -73,8 +74,8 @@ def _inner(seconds_guess: float) -> int:
 # ----------------------------------------------------------------------------- a quiet machine
 def cpu_times() -> tuple:
     """``(busy, total, ours)``: jiffies of all cores busy and in all (``/proc/stat``; niced
-    processes count: their busy-polling slows ours too), and the seconds of CPU this process and its finished children used;
-    None without ``/proc/stat``."""
+    processes count: their busy-polling slows ours too), and the seconds of CPU this
+    process and its finished children used; None without ``/proc/stat``."""
     try:
         with open("/proc/stat") as f:
             values = [int(v) for v in f.readline().split()[1:]]

@@ -354,8 +354,9 @@ def report(args, n, times, errors, log, mem_cp, mem_one, hand_transfers, uly_log
     print(f"backward alone: ctensor {times['cp backward'] * 1e3:.1f} ms, by hand "
           f"{times['hand backward'] * 1e3:.1f} ms (ctensor / by hand = "
           f"{times['cp backward'] / times['hand backward']:.2f}x)")
-    print(f"peak memory of the step per rank (above its inputs): CP {n} {mem_cp / 2**20:.2f} MiB, one rank "
-          f"{mem_one / 2**20:.2f} MiB ({mem_cp / max(1, mem_one):.2f}x)")
+    print(f"peak memory of the step per rank (above its inputs): CP {n} "
+          f"{mem_cp / 2**20:.2f} MiB, one rank {mem_one / 2**20:.2f} MiB "
+          f"({mem_cp / max(1, mem_one):.2f}x)")
     ops = [e.op for e in log]
     print(f"communication of one CP step: {len(log.collectives())} transfers "
           f"({ops.count('attention')} forward, {ops.count('attention.grad')} backward; the "

@@ -11,8 +11,8 @@ here, on one kind of device description (:class:`Device`, read from ``ctensor/de
   buffer. The steps are those of the algorithm run where latency counts (small buffers):
   recursive doubling / halving or a tree, ``ceil(log2 k)`` for an all-reduce, all-gather,
   reduce-scatter and broadcast (one exchange on 2 ranks, as MPICH's and NCCL's small
-  all-reduce and all-gather both make), ``k-1`` for an all-to-all, one for a transfer (at large sizes the ring's ``2(k-1)`` steps' latency is
-  negligible against its bytes).
+  all-reduce and all-gather both make), ``k-1`` for an all-to-all, one for a transfer (at
+  large sizes the ring's ``2(k-1)`` steps' latency is negligible against its bytes).
   ``call_overhead`` is the software's per call (ctensor's Python, MPI's or NCCL's launch).
   Inside a node the device's ``intra_*`` figures apply; a group spread over nodes crosses
   the network with ``inter_bandwidth`` per rank of the group on a node (NCCL runs one ring

@@ -208,8 +208,9 @@ class Synchronizer:
         target = getattr(leaf, "_grad_layout", None) or leaf._layout
         previous = leaf.grad
         if previous is not None:
-            if self.sync and _bucket_bytes > 0 and previous._layout == target and \
-                    _reduction(g._layout, target) is not None:
+            cast = Layout(g.shape, target.dtype, g._layout.placement, g._layout.sbp)
+            if self.sync and _bucket_bytes > 0 and previous._layout is target and \
+                    _reduction(cast, target) is not None:
                 # an earlier backward's reduced gradient: this one is bucketed alone and
                 # added to it once reduced (as DDP does), not reduced on its own at an add
                 self.accumulated.add(id(leaf))

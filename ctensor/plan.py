@@ -14,9 +14,10 @@ choice uses), on a :class:`~ctensor.cost.Device` of ``ctensor/devices.toml``:
   kernel's arithmetic intensity; ``efficiency``: the op's in a measured table's ``kernels``,
   else the device's — :data:`EFFICIENCY` for every data-sheet GPU; times the table's
   ``contention`` when more than one rank of a node computes at once), plus the device's
-  ``op_overhead`` per dispatched op, views included (0 on the GPU tables). By default (``fused=True``) kernels that declare no
-  FLOPs (elementwise, LayerNorm, casts: memory-bound) are taken as fused into their
-  neighbours, as Megatron-LM's fused kernels (or a compiler) run them, and cost nothing —
+  ``op_overhead`` per dispatched op, views included (0 on the GPU tables). By default
+  (``fused=True``) kernels that declare no FLOPs (elementwise, LayerNorm, casts:
+  memory-bound) are taken as fused into their neighbours, as Megatron-LM's fused kernels
+  (or a compiler) run them, and cost nothing —
   except the softmax family (:data:`OWN_KERNELS`), charged at memory bandwidth;
   ``fused=False`` (a CPU step) charges every memory-bound kernel;
 * **communication**: :func:`ctensor.cost.collective` per collective (alpha-beta per ring

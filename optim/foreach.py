@@ -31,6 +31,7 @@ import numpy as np
 
 import ctensor as ct
 from ctensor.arrays import array_module
+from ctensor.layout import Layout
 from ctensor.meta import local_arrays
 from ctensor.tensor import Tensor
 
@@ -224,7 +225,6 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
                 part = part.astype(dtype)
             total = totals.get(rank)
             totals[rank] = part if total is None else xp.add(total, part)
-    from ctensor.layout import Layout
     replicated = (ct.sbp.broadcast,) * home.ndim
     per_placement: dict = {}  # placement -> the sum of its parts (partial where split)
     with ct.no_grad():
