@@ -208,22 +208,29 @@ def _ulysses_comm(layouts, axis, causal, **_):
 CP_SCHEMES = ("ring", "ulysses")
 
 
+def _priced_scheme(layouts, axis, causal, cp_scheme=None, zigzag=0) -> tuple:
+    """``(scheme, seconds)``: the composite for ``layouts`` on ``axis`` and its price —
+    ``cp_scheme`` when given, else the cheaper of ``"ring"`` and ``"ulysses"`` (the ring
+    where Ulysses does not apply)."""
+    if cp_scheme == "ulysses" or (cp_scheme is None and ulysses_applies(layouts, axis)):
+        ulysses = _ulysses_comm(layouts, axis, causal)
+        if cp_scheme == "ulysses":
+            return "ulysses", ulysses
+        ring = _ring_comm(layouts, axis, causal, zigzag)
+        return ("ring", ring) if ring <= ulysses else ("ulysses", ulysses)
+    return "ring", _ring_comm(layouts, axis, causal, zigzag)
+
+
 def _scheme(layouts, axis, causal, cp_scheme=None, zigzag=0) -> str:
-    """The composite for ``layouts`` on ``axis``: ``cp_scheme`` when given, else the
-    cheaper of ``"ring"`` and ``"ulysses"`` (the ring where Ulysses does not apply)."""
+    """The composite :func:`_priced_scheme` picks."""
     if cp_scheme is not None:
         return cp_scheme
-    if not ulysses_applies(layouts, axis):
-        return "ring"
-    ring = _ring_comm(layouts, axis, causal, zigzag)
-    return "ring" if ring <= _ulysses_comm(layouts, axis, causal) else "ulysses"
+    return _priced_scheme(layouts, axis, causal, None, zigzag)[0]
 
 
 def _cp_comm(layouts, axis, causal, cp_scheme=None, zigzag=0, **_):
-    """The seconds of the composite :func:`_scheme` picks (the ring's or Ulysses')."""
-    if _scheme(layouts, axis, causal, cp_scheme, zigzag) == "ring":
-        return _ring_comm(layouts, axis, causal, zigzag)
-    return _ulysses_comm(layouts, axis, causal)
+    """The seconds of the composite :func:`_priced_scheme` picks (the ring's or Ulysses')."""
+    return _priced_scheme(layouts, axis, causal, cp_scheme, zigzag)[1]
 
 
 def _signatures(layouts, causal, scale, zigzag, dropout=0.0, cp_scheme=None, mesh_axis=0):
