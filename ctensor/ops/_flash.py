@@ -131,8 +131,50 @@ def finish(xp, state):
     return out, lse
 
 
+def _one_block(xp, qpos, kpos, causal: bool, dtype):
+    """``(True, bias)`` when ``q`` against ``k`` is one pair of blocks in which every query
+    row sees a key and every key is seen (``bias``: 0 where a score counts, ``-inf`` where
+    the causal mask hides it, or None without a mask); ``(False, None)`` otherwise. Such a
+    pair's online softmax reduces to the plain one: its running max starts at ``-inf`` and
+    its correction factors are 0, so the plain arithmetic gives the same bits without the
+    state's passes and the backward needs no zeroed accumulators."""
+    q_runs, k_runs = runs(qpos), runs(kpos)
+    if len(q_runs) != 1 or len(k_runs) != 1:
+        return False, None
+    (qa, qb, q0), (ka, kb, k0) = q_runs[0], k_runs[0]
+    if qb - qa > _BLOCK or kb - ka > _BLOCK or qb == qa or kb == ka:
+        return False, None
+    q1, k1 = q0 + qb - qa - 1, k0 + kb - ka - 1
+    if not causal or k1 <= q0:
+        return True, None
+    if k0 > q0 or k1 > q1:  # a query row that sees no key, or a key no query sees
+        return False, None
+    hidden = np.arange(k0, k1 + 1)[None, :] > np.arange(q0, q1 + 1)[:, None]
+    return True, xp.asarray(np.where(hidden, -np.inf, 0.0).astype(dtype))
+
+
+def _scores(xp, q, k, scale: float, bias):
+    """``q @ k^T * scale``, masked by adding ``bias`` (``x + 0`` is ``x``, ``x - inf`` is
+    ``-inf``: what :func:`accumulate`'s ``where`` gives, in one pass)."""
+    s = q @ _t(k)
+    s *= scale
+    if bias is not None:
+        s += bias
+    return s
+
+
 def attend(xp, q, k, v, qpos, kpos, causal: bool, scale: float, dtype, drop=None):
     """``(output, lse)`` of ``q`` against all of ``k``/``v``."""
+    one, bias = _one_block(xp, qpos, kpos, causal, dtype) if drop is None else (False, None)
+    if one:
+        p = _scores(xp, q, k, scale, bias)
+        m = p.max(axis=-1)
+        p -= m[..., None]
+        xp.exp(p, out=p)
+        total = p.sum(axis=-1)
+        out = p @ v
+        out /= total[..., None]
+        return out, m + xp.log(total)
     state = new_state(xp, q, v, dtype)
     accumulate(xp, state, q, k, v, qpos, kpos, causal, scale, drop)
     return finish(xp, state)
@@ -160,3 +202,25 @@ def grad_block(xp, q, k, v, g, lse, delta, qpos, kpos, causal: bool, scale: floa
         ds = p * (dp - delta[..., qs, None])
         dq[..., qs, :] += (ds @ kk) * scale
         dk[..., ks, :] += (_t(ds) @ qq) * scale
+
+
+def grad_one(xp, q, k, v, g, lse, delta, qpos, kpos, causal: bool, scale: float, dtype,
+             drop=None):
+    """``(dq, dk, dv)`` of ``q`` against all of ``k``/``v`` when they are one pair of
+    blocks (:func:`_one_block`; the same bits as :func:`grad_block` into zeros), else
+    None."""
+    one, bias = _one_block(xp, qpos, kpos, causal, dtype) if drop is None else (False, None)
+    if not one:
+        return None
+    p = _scores(xp, q, k, scale, bias)
+    p -= lse[..., None]
+    xp.exp(p, out=p)
+    ds = g @ _t(v)
+    dv = _t(p) @ g
+    ds -= delta[..., None]
+    ds *= p
+    dq = ds @ k
+    dq *= scale
+    dk = _t(ds) @ q
+    dk *= scale
+    return dq, dk, dv

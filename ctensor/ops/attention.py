@@ -50,7 +50,7 @@ from ..sbp import Split, format_sbp
 from ..executor import new_tensor
 from ..layout import Layout
 from ..random import next_key
-from ._flash import attend, dropper, grad_block, positions
+from ._flash import attend, dropper, grad_block, grad_one, positions
 from .attention_ring import attention as ring_attention
 from .attention_ulysses import OPS_DISPATCHED, applies as ulysses_applies, head_split
 from .attention_ulysses import attention as ulysses_attention
@@ -113,10 +113,13 @@ def _grad_kernel(xp, g, q, k, v, out, lse, *key, causal, scale, zigzag, ctx, dro
                  cp_scheme=None):
     drop = _drop(xp, key[0] if key else None, dropout, ctx, 1, 2, q.dtype)
     g, q, k, v, out, lse = widen(xp, g, q, k, v, out, lse)
-    dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
     delta = (g * out).sum(axis=-1)
-    grad_block(xp, q, k, v, g, lse, delta, _seq_pos(ctx, 1, zigzag),
-               _seq_pos(ctx, 2, zigzag), causal, scale, dq, dk, dv, drop)
+    qpos, kpos = _seq_pos(ctx, 1, zigzag), _seq_pos(ctx, 2, zigzag)
+    grads = grad_one(xp, q, k, v, g, lse, delta, qpos, kpos, causal, scale, q.dtype, drop)
+    if grads is not None:
+        return grads
+    dq, dk, dv = xp.zeros_like(q), xp.zeros_like(k), xp.zeros_like(v)
+    grad_block(xp, q, k, v, g, lse, delta, qpos, kpos, causal, scale, dq, dk, dv, drop)
     return dq, dk, dv
 
 
