@@ -26,7 +26,8 @@ def _normalize(xp, x, ndims, eps):
     mean = xp.mean(x, axis=axes, keepdims=True)
     xc = x - mean
     rstd = 1.0 / xp.sqrt(xp.mean(xc * xc, axis=axes, keepdims=True) + eps)
-    return xc * rstd, rstd, axes
+    xc *= rstd  # (in place: the same bits as xc * rstd, one array fewer)
+    return xc, rstd, axes
 
 
 def _affine(y, affine: tuple):
@@ -45,10 +46,17 @@ def _kernel(xp, x, *affine, ndims, eps):
     return _affine(_normalize(xp, x, ndims, eps)[0], affine)
 
 
-def _input_grad(xp, g, xhat, rstd, axes):
-    """d/dx of (x - mean) * rstd: rstd * (g - mean(g) - xhat * mean(g * xhat))."""
-    return rstd * (g - xp.mean(g, axis=axes, keepdims=True)
-                   - xhat * xp.mean(g * xhat, axis=axes, keepdims=True))
+def _input_grad(xp, g, xhat, rstd, axes, own: bool = False):
+    """d/dx of (x - mean) * rstd: rstd * (g - mean(g) - xhat * mean(g * xhat)), computed in
+    place in ``g`` when ``own`` (a temporary of the caller's) and in ``xhat`` (the same bits
+    as the expression: each step is the same operation on the same operands)."""
+    m2 = xp.mean(g * xhat, axis=axes, keepdims=True)
+    dx = g - xp.mean(g, axis=axes, keepdims=True) if not own else \
+        xp.subtract(g, xp.mean(g, axis=axes, keepdims=True), out=g)
+    xhat *= m2
+    dx -= xhat
+    dx *= rstd
+    return dx
 
 
 def _grad_kernel(xp, g, x, ndims, eps):
@@ -68,8 +76,8 @@ def _affine_grad_kernel(xp, g, x, w, ndims, eps):
         return g.copy(), zero, zero.copy()
     g, x = widen(xp, g, x)
     xhat, rstd, axes = _normalize(xp, x, ndims, eps)
-    return (_input_grad(xp, g * w, xhat, rstd, axes), xp.sum(g * xhat, axis=rows),
-            xp.sum(g, axis=rows))
+    dw, db = xp.sum(g * xhat, axis=rows), xp.sum(g, axis=rows)
+    return _input_grad(xp, g * w, xhat, rstd, axes, own=True), dw, db
 
 
 def _trailing(x, attrs) -> tuple:
