@@ -60,7 +60,6 @@ import weakref
 from typing import Optional
 
 from . import autograd, dispatch, gradsync, planner, runtime
-from .sbp import format_sbp
 from .stepsolve import solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
@@ -284,7 +283,7 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     if plan is not None and not _follows(plan, pos, call):
         st.following, plan = False, None
         st.stats["deviations"] += 1
-        st.stats["last_deviation"] = (pos, opdef.name, _why(st.plan, pos, call))
+        st.stats["last_deviation"] = _deviation(st.plan, pos, call)
     # (the planner prices every candidate again while an advisor is installed: only the
     # calls where the plan differs from the per-op choice are advised after the first replay)
     advised = plan is not None and plan.advise[pos] and plan.chosen[pos].sigs is not None
@@ -356,11 +355,28 @@ class _Owned:
         st = _state
         if st.window != self.window or not st.started or self.pos >= len(st.calls):
             return self.backward_fn(grads)
+        _known(st, self.pos, grads, getattr(self.backward_fn, "inputs", ()))
         st.frames.append(self.pos)
         try:
             return self.backward_fn(grads)
         finally:
             st.frames.pop()
+
+
+def _known(st: _State, pos: int, grads, saved) -> None:
+    """Name by identity what call ``pos``'s backward reads, leaving :func:`_value`'s guess
+    by layout to what it cannot see: an unseen incoming gradient (the seed) is an outside
+    value; a saved input that is not the input itself is the call's boxed copy of it (a
+    loss's sum and its count, alike in shape and dtype, were told apart wrongly)."""
+    ids, call = st.ids, st.calls[pos]
+    for k, t in [(None, g) for g in grads] + list(enumerate(saved[:len(call.inputs)])):
+        entry = ids.get(id(t))
+        if getattr(t, "_shards", None) is None or (entry is not None and entry[0]() is t):
+            continue
+        v = _box_value(st, pos, k) if k is not None else len(st.values)
+        if k is None:
+            st.values.append(("ext", t._layout, False))
+        ids[id(t)] = (weakref.ref(t), v)
 
 
 def _follows(plan: _Plan, pos: int, call: Call) -> bool:
@@ -400,22 +416,11 @@ def _sources(values: list, inputs: tuple) -> tuple:
     return tuple(out)
 
 
-def _why(plan: _Plan, pos: int, call: Call) -> str:
-    """What differs at a failed guard, in words (``ct.debug.step_plan().last_deviation``)."""
-    if pos >= len(plan.calls):
-        return f"the plan has {len(plan.calls)} calls; this is one more"
-    rec = plan.calls[pos]
-    if rec.opdef is not call.opdef:
-        return f"the plan has {rec.opdef.name} here"
-    if rec.attrs_key != call.attrs_key:
-        return "other attributes"
-    if _sources(plan.values, rec.inputs) != _sources(_state.values, call.inputs) or \
-            rec.req != call.req:
-        return (f"other inputs ({_sources(_state.values, call.inputs)}, the plan's "
-                f"{_sources(plan.values, rec.inputs)})")
-    got = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in call.layouts)
-    want = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in plan.expected[pos])
-    return f"input layouts {got}, the plan expects {want}"
+def _deviation(plan: _Plan, pos: int, call: Call) -> tuple:
+    """What :func:`ctensor.stepview.report` words a failed guard from (its ``_why``)."""
+    rec = plan.calls[pos] if pos < len(plan.calls) else None
+    return (pos, call, _sources(_state.values, call.inputs), len(plan.calls), rec,
+            rec and plan.expected[pos], rec and _sources(plan.values, rec.inputs))
 
 
 def _advisor(opcall, choice):

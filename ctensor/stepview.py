@@ -30,7 +30,9 @@ class StepPlanReport:
         self.deviations, self.gave_up = stats["deviations"], stats["gave_up"]
         self.idle = stats["idle"]
         self.solve_seconds = stats["solve_seconds"]
-        self.last_deviation = stats["last_deviation"]
+        last = stats["last_deviation"]  # (see stepplan._deviation)
+        self.last_deviation = None if last is None else \
+            (last[0], last[1].opdef.name, _why(*last))
         self.calls = len(plan.calls) if plan is not None else 0
         self.estimated = plan.totals if plan is not None else None
         self.rows = _rows(plan) if plan is not None else []
@@ -69,6 +71,22 @@ def _rows(plan) -> list:
                      for i, (c, p, q) in enumerate(zip(plan.calls, plan.per_op, plan.chosen))
                      if q.sigs is not None and p.sigs is not None]
     return plan.rows
+
+
+def _why(pos: int, call, sources: tuple, n: int, rec, expected, rec_sources) -> str:
+    """What differs at a failed guard, in words (``ct.debug.step_plan().last_deviation``):
+    from :func:`ctensor.stepplan._deviation`'s record of it."""
+    if rec is None:
+        return f"the plan has {n} calls; this is one more"
+    if rec.opdef is not call.opdef:
+        return f"the plan has {rec.opdef.name} here"
+    if rec.attrs_key != call.attrs_key:
+        return "other attributes"
+    if rec_sources != sources or rec.req != call.req:
+        return f"other inputs ({sources}, the plan's {rec_sources})"
+    got = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in call.layouts)
+    want = ", ".join(f"{format_sbp(l.sbp)} {l.shape}" for l in expected)
+    return f"input layouts {got}, the plan expects {want}"
 
 
 def report() -> StepPlanReport:
