@@ -92,14 +92,19 @@ def _unary(name: str, kernel: Callable, backward, partial: bool = False, kind: s
 
 
 # ----------------------------------------------------------------------------- arithmetic
+# each backward computes only the gradients an input needs (``ctx.needs_grad``): a constant
+# operand's (a loss's count of targets, a power's exponent) would cost ops and, on a partial
+# or split operand, a collective for nothing
 def _add_bw(ctx, g):
     a, b = ctx.inputs
-    return sum_to(g, a.shape), sum_to(g, b.shape)
+    return (sum_to(g, a.shape) if ctx.needs_grad(0) else None,
+            sum_to(g, b.shape) if ctx.needs_grad(1) else None)
 
 
 def _sub_bw(ctx, g):
     a, b = ctx.inputs
-    return sum_to(g, a.shape), sum_to(-g, b.shape)
+    return (sum_to(g, a.shape) if ctx.needs_grad(0) else None,
+            sum_to(-g, b.shape) if ctx.needs_grad(1) else None)
 
 
 def _mul_bw(ctx, g):
@@ -110,14 +115,15 @@ def _mul_bw(ctx, g):
 
 def _div_bw(ctx, g):
     a, b = ctx.inputs
-    return sum_to(g / b, a.shape), sum_to(-(g * ctx.outputs[0]) / b, b.shape)
+    return (sum_to(g / b, a.shape) if ctx.needs_grad(0) else None,
+            sum_to(-(g * ctx.outputs[0]) / b, b.shape) if ctx.needs_grad(1) else None)
 
 
 def _pow_bw(ctx, g):
     a, b = ctx.inputs
-    ga = sum_to(g * b * a ** (b - 1), a.shape)
+    ga = sum_to(g * b * a ** (b - 1), a.shape) if ctx.needs_grad(0) else None
     gb = None
-    if b.dtype.kind in "fc":
+    if b.dtype.kind in "fc" and ctx.needs_grad(1):
         gb = sum_to(g * ctx.outputs[0] * OPS.log(OPS.where(a > 0, a, 1.0)), b.shape)
     return ga, gb
 
