@@ -164,6 +164,8 @@ MEDIUM_GPT = (256, 48, 2, 4, 160, 16)
 #: the Llama of tests/test_pytorch_programs.py the kernels of a PyTorch-style program are
 #: measured on (float64): vocabulary, width, layers, heads, batch, sequence
 MEDIUM_LLAMA = (512, 128, 2, 4, 4, 64)
+#: the least priced seconds per kernel call for an op's own efficiency to be measured
+MIN_KERNEL = 20e-6
 
 
 def _gpt_step(vocab: int, seq: int, layers: int, heads: int, width: int, batch: int):
@@ -303,8 +305,9 @@ def kernel_efficiencies(repeats: int, dev) -> tuple:
     their profiled time (the work around NumPy's in each kernel call included: taking a
     per-call cost out of it predicted the GPT example's steps 5-8% lower, further from
     their measured time), summed over the medium GPT's and the medium Llama's steps (an op
-    is measured where the profile saw as many of its kernels as the trace counts); the
-    others' figure: the same over all measured kernels together."""
+    is measured where the profile saw as many of its kernels as the trace counts and they
+    are priced at least :data:`MIN_KERNEL` a call); the others' figure: the same over all
+    measured kernels together."""
     priced: dict = {}
     measured: dict = {}
     alone = None
@@ -321,7 +324,11 @@ def kernel_efficiencies(repeats: int, dev) -> tuple:
         if alone is None:  # the GPT's: (seconds, ops)
             alone = (seconds, sum(w.count for w in trace.ops.values()))
         for op, n in counts.items():
-            if op in kernels and abs(calls[op] - n) < 0.5 and prices.get(op, 0) > 0:
+            # (an op whose kernels are priced under MIN_KERNEL seconds a call is measured
+            # by its call's cost, not by its work: its figure would price a large kernel of
+            # it tens of times too slow, as a 0.3 us mask compare did a block's ReLU backward)
+            if op in kernels and abs(calls[op] - n) < 0.5 and \
+                    prices.get(op, 0) >= MIN_KERNEL * n:
                 took = max(kernels[op], prices[op])
                 priced[op] = priced.get(op, 0.0) + prices[op]
                 measured[op] = measured.get(op, 0.0) + took
