@@ -314,12 +314,16 @@ def slices_of(y, r):
 
 def test_a_sum_of_two_partials_is_exact(mesh):
     """Two members scatter (or all-reduce) a partial sum by exchanging only each other's
-    segment (or input) and adding locally: the same bits as MPI's (two operands)."""
+    segment (or input, or by halves from pairsum.HALVES_BYTES: the odd element count of
+    the large shape cuts it unevenly) and adding locally: the same bits as MPI's (two
+    operands); the started all-reduce polled to its end gives the same."""
     if mesh.size != 2:
         pytest.skip("a group of two")
     rng = np.random.default_rng(3)
-    for dtype in (np.float32, np.float64, np.complex128, np.int32):
-        values = {r: (rng.standard_normal((4, 7, 3)) * 100).astype(dtype) for r in mesh.rank_list}
+    cases = [(d, (4, 7, 3)) for d in (np.float32, np.float64, np.complex128, np.int32)]
+    cases += [(np.float32, (363, 181, 1)), (np.float64, (181, 183, 1))]  # >= 256 KiB
+    for dtype, shape in cases:
+        values = {r: (rng.standard_normal(shape) * 100).astype(dtype) for r in mesh.rank_list}
         held = [r for r in runtime.world().held_ranks if r in mesh]
         local = ({r: values[r] for r in held} if len(runtime.world().held_ranks) > 1
                  else values[held[0]] if held else None)
@@ -331,4 +335,9 @@ def test_a_sum_of_two_partials_is_exact(mesh):
             assert y.numpy().dtype == dtype
             if dst == B:  # every member holds the same bits
                 for a in y.local_shards().values():
+                    np.testing.assert_array_equal(a, total)
+                started = boxing.box_start(p._shards, p._layout, y._layout)
+                while not started.test():
+                    pass
+                for a in started.wait().values():
                     np.testing.assert_array_equal(a, total)

@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from . import context
+from . import context, pairsum
 from .. import timing as _profile
 from ..errors import CollectiveError
 from ..sbp import ReduceOp
@@ -265,8 +265,9 @@ class MPICommunicator(NonblockingExchange, Communicator):
     def all_reduce_start(self, group, bufs, op) -> Pending:
         """:meth:`all_reduce` as ``Iallreduce``: the guard runs now (it waits for the other
         members, as every collective's does), the data moves while the caller goes on. A
-        sum over two members swaps the inputs and adds them instead: 0.4x-0.6x MPICH's
-        ``Allreduce`` at 16-64 MiB on 2 ranks, the same bits on both."""
+        sum over two members is exchanges and NumPy adds instead (:mod:`.pairsum`: by
+        halves from 256 KiB, 0.6x-0.8x MPICH's ``Allreduce`` at 16-64 MiB on 2 ranks), the
+        same bits on both."""
         buf = contiguous(self._mine(group, bufs))
         if len(group) == 1:
             return Pending({self.rank: buf.copy()})
@@ -274,16 +275,8 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                     guard=(_REDUCTION[op], buf.dtype.num, buf.shape))
         out = self._pool.empty(buf.shape, buf.dtype)
         if len(group) == 2 and op is ReduceOp.SUM and exact_pair_sum(buf.dtype):
-            # two members: swap the inputs and add (see _pair_sum_start: the same bits)
-            recv = self._pool.empty(buf.shape, buf.dtype)
-            mine, BYTE = group.index(self.rank), self._MPI.BYTE
-            counts = [0 if i == mine else buf.nbytes for i in range(2)]
-            req = channel.data.Ialltoallv([_bytes(buf), counts, [0, 0], BYTE],
-                                          [recv.reshape(-1).view(np.uint8), counts, [0, 0], BYTE])
-            # (added in member order on both ranks: the same bits, NaN payloads included)
-            first, second = (buf, recv) if mine == 0 else (recv, buf)
-            return self._started([req], call, channel,
-                                 lambda: {self.rank: np.add(first, second, out=out)})
+            return pairsum.all_reduce_start(self, call, channel, buf, group.index(self.rank),
+                                            out)
         req = channel.data.Iallreduce(buf, out, op=self._op(op, buf.dtype))
         return self._started([req], call, channel, lambda: {self.rank: out})
 
@@ -349,7 +342,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
         The input is reduced from where it lies when its segments are consecutive ranges of
         it (along dim 0), else from one pooled copy holding segment after segment; either
         way each segment, and so the result, is in its natural layout. A sum over two
-        members is an exchange and one add instead (:meth:`_pair_sum_start`)."""
+        members is an exchange and one add instead (:func:`.pairsum.scatter_start`)."""
         buf = self._mine(group, bufs)
         me = group.index(self.rank)
         shape = list(buf.shape)
@@ -363,7 +356,7 @@ class MPICommunicator(NonblockingExchange, Communicator):
                                     same_shape=True, guard=(_REDUCTION[op], dim, tuple(sizes),
                                                             buf.dtype.num, buf.shape))
         if len(group) == 2 and op is ReduceOp.SUM and exact_pair_sum(buf.dtype):
-            return self._pair_sum_start(call, channel, buf, dim, sizes, me, out)
+            return pairsum.scatter_start(self, call, channel, buf, dim, sizes, me, out)
         if flat_along(buf, dim):
             send = buf
         else:
@@ -374,31 +367,6 @@ class MPICommunicator(NonblockingExchange, Communicator):
         # (measured on 2 ranks), while Ireduce_scatter matches the blocking call
         req = comm.Ireduce_scatter(send, out, [n * row for n in sizes], op=mpi_op)
         return self._started([req], call, channel, lambda send=send: {self.rank: out})
-
-    def _pair_sum_start(self, call, channel, buf, dim, sizes, me, out) -> Pending:
-        """The sum-scatter of two members: each sends the other only the other's segment
-        (in place, or packed when strided) and adds what it receives to its own, read where
-        it lies. Along a strided dim that is half the copy of packing the whole input for
-        ``Ireduce_scatter``; along dim 0 it measured 0.27x-0.96x MPICH's own reduce-scatter
-        (64 MiB to 1 MiB, 2 ranks). A sum of two operands is the same bits in either order,
-        so the result is MPI's."""
-        pieces = parts(buf, dim, sizes)
-        peer = pieces[1 - me]
-        send = (peer.reshape(-1).view(np.uint8) if peer.flags.c_contiguous
-                else pack(self._pool, pieces, skip=me))
-        recv = self._pool.empty(pieces[me].shape, buf.dtype)
-        sends, recvs = [send.nbytes] * 2, [recv.nbytes] * 2
-        sends[me] = recvs[me] = 0
-        BYTE = self._MPI.BYTE
-        req = channel.data.Ialltoallv([send, sends, [0, 0], BYTE],
-                                      [recv.reshape(-1).view(np.uint8), recvs, [0, 0], BYTE])
-
-        def result(send=send) -> dict:  # (the send buffer alive until the data moved)
-            first, second = (pieces[me], recv) if me == 0 else (recv, pieces[me])
-            np.add(first, second, out=out)  # member order, as the all-reduce
-            return {self.rank: out}
-
-        return self._started([req], call, channel, result)
 
     def all_to_all(self, group, bufs, split_dim, split_sizes, concat_dim, concat_sizes):
         """``Ialltoallv`` straight between the shard and the result where their parts are
