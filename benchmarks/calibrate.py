@@ -7,10 +7,11 @@ benchmarks run; a kernel's figure is the best of its repeats (the quiet machine'
 another process that takes the core for a moment slows some repeats, never speeds one up), a
 training step's the median of its steps (as ``benchmarks/predict.py`` measures):
 
-* ``gemm`` / ``gemm_fp64``: FLOP/s of square float32 / float64 NumPy GEMMs of sizes 16 to
-  512 less NumPy's per-call cost (a 1 x 1 matmul's, which ``op_overhead`` holds), keyed by
-  their arithmetic intensity (FLOPs per byte touched); ``peak_flops_fp32`` is the largest
-  rate, ``peak_flops`` a float16 GEMM's;
+* ``gemm`` / ``gemm_fp64``: FLOP/s of float32 / float64 NumPy GEMMs shaped as a linear
+  layer's (1024 tokens, a weight of 16 x 16 to 512 x 512; forward, input and weight
+  gradient) less NumPy's per-call cost (a 1 x 1 matmul's, which ``op_overhead`` holds),
+  keyed by their arithmetic intensity (FLOPs per byte touched); ``peak_flops_fp32`` is the
+  largest rate, ``peak_flops`` a float16 square GEMM's;
 * ``memory_bandwidth``: bytes read plus written per second of NumPy's elementwise add over
   float32 operands of 4 MiB (the cost model's byte count: inputs plus outputs);
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
@@ -25,8 +26,10 @@ training step's the median of its steps (as ``benchmarks/predict.py`` measures):
   the choice prices a kernel without its name): the same fraction over all those kernels
   together;
 * under ``mpiexec -n 2`` (started by this command; skipped without mpi4py or ``--no-mpi``):
-  ``intra_latency`` — half an MPI ping-pong of 8 bytes; ``call_overhead`` — a ctensor
-  all-reduce of one element less its latency step and one op's dispatch;
+  ``intra_latency`` — half an MPI ping-pong of 8 bytes (the best block); ``call_overhead`` —
+  a ctensor all-reduce of one element less its latency step and one op's dispatch (the
+  median block, as a step pays it: the best one, where both ranks happened to arrive
+  together, was 0.6-0.8x the median);
   ``intra_bandwidth`` — the bytes one rank sends per second in a ctensor all-reduce of
   ``--mpi-bytes`` (its time less the small one's); ``contention``: how much slower the
   d = 160 GPT's kernels run on both ranks at once than on rank 0 alone while rank 1 sleeps
@@ -64,6 +67,20 @@ def _best_seconds(fn, repeats: int, inner: int = 1) -> float:
             fn()
         best = min(best, (time.perf_counter() - t0) / inner)
     return best
+
+
+def _median_seconds(fn, repeats: int, inner: int = 1) -> float:
+    """The median mean seconds of ``fn()`` over ``repeats`` blocks of ``inner`` calls (what
+    a step pays for a call whose time moves with two ranks' polling, not with other
+    processes: the best block is the rare one where both ranks arrived together)."""
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        times.append((time.perf_counter() - t0) / inner)
+    return statistics.median(times)
 
 
 def _inner(seconds_guess: float) -> int:
@@ -130,20 +147,48 @@ def gemm_rate(n: int, dtype, repeats: int) -> float:
 
 
 GEMM_SIZES = (16, 32, 64, 128, 256, 512)
+#: the rows of the curve's GEMMs: a batch of tokens through a linear layer
+GEMM_ROWS = 1024
 
 
-def gemm_curve(dtype, repeats: int, sizes=GEMM_SIZES) -> list:
-    """``[[FLOPs per byte, FLOP/s], ...]`` of square GEMMs (``2 n^3`` FLOPs over ``3 n^2``
-    elements), each less the per-call cost of NumPy's matmul (a 1 x 1 one's time: part of
-    ``op_overhead``, which every dispatched op is charged); a size whose time is not
-    clearly above that cost is left out."""
+def linear_gemm_seconds(n: int, dtype, repeats: int, rows: int = GEMM_ROWS) -> float:
+    """Mean seconds of the three GEMMs of a linear layer with an ``n x n`` weight over
+    ``rows`` tokens (each ``2 rows n^2`` FLOPs), called as ctensor's matmul kernel calls
+    them: the forward ``x @ W^T``, the input gradient ``g @ W``, the weight gradient
+    ``g^T @ x`` (the transposes are views; BLAS reads them transposed)."""
+    rng = np.random.default_rng(0)
+    x, g = (rng.standard_normal((rows, n)).astype(dtype) for _ in range(2))
+    w = rng.standard_normal((n, n)).astype(dtype)
+    y, dx, dw = np.empty((rows, n), dtype), np.empty((rows, n), dtype), np.empty((n, n), dtype)
+
+    def three():
+        np.matmul(x, w.T, out=y)
+        np.matmul(g, w, out=dx)
+        np.matmul(g.T, x, out=dw)
+    inner = _inner(6.0 * rows * n * n / 5e10)
+    return _best_seconds(three, repeats, inner) / 3
+
+
+def gemm_curve(dtype, repeats: int, sizes=GEMM_SIZES, rows: int = GEMM_ROWS) -> list:
+    """``[[FLOPs per byte, FLOP/s], ...]`` of the GEMMs a training step runs: a linear
+    layer's three (:func:`linear_gemm_seconds`: ``rows x n`` activations, an ``n x n``
+    weight, one operand transposed in two of them; ``2 rows n^2`` FLOPs over ``2 rows n +
+    n^2`` elements), each less the per-call cost of NumPy's matmul (a 1 x 1 one's time:
+    part of ``op_overhead``, which every dispatched op is charged); a size whose time is
+    not clearly above that cost is left out. Square GEMMs of the same intensity ran at
+    0.8x-1.6x these (float32 1.1x-1.4x from 15 FLOPs per byte up): a square curve priced a
+    step's GEMMs too fast, left the difference to matmul's own efficiency (0.54 where it
+    is 0.87-0.90 with this curve), and so priced a large GEMM 1.3x too slow (the pipeline
+    block of ``benchmarks/predict.py``)."""
     itemsize = np.dtype(dtype).itemsize
     call = gemm_seconds(1, dtype, repeats)
     out = []
     for n in sizes:
-        t = gemm_seconds(n, dtype, repeats)
+        t = linear_gemm_seconds(n, dtype, repeats, rows)
         if t > 1.5 * call:
-            out.append([2.0 * n / (3 * itemsize), 2.0 * n ** 3 / (t - call)])
+            flops = 2.0 * rows * n * n
+            out.append([flops / (itemsize * (2 * rows * n + n * n)), flops / (t - call)])
+    out.sort()
     return out
 
 
@@ -357,9 +402,10 @@ def mpi_worker(nbytes: int, repeats: int) -> None:
     p = ct.placement("cpu", [0, 1])
     P, B = ct.sbp.partial_sum, ct.sbp.broadcast
 
-    def timed(fn, guess):
+    def timed(fn, guess):  # (the median block: see _median_seconds)
         comm.Barrier()
-        return comm.allreduce(_best_seconds(fn, repeats, _inner(guess)), op=MPI.MAX)
+        return comm.allreduce(_median_seconds(fn, max(repeats, 9), _inner(guess)),
+                              op=MPI.MAX)
 
     one = ct.ones(1, dtype=ct.float32, placement=p, sbp=P)
     t_small = timed(lambda: one.to_global(sbp=B), 2e-5)
