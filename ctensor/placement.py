@@ -117,11 +117,20 @@ class Placement:
         """Mesh coordinate of ``rank`` (``KeyError`` if the rank is not in the mesh)."""
         return self._coords[rank]
 
+    @cached_property
+    def _axis_groups(self) -> dict:
+        return {}
+
     def axis_group(self, rank: int, mesh_axis: int) -> tuple[int, ...]:
-        """The ranks along ``mesh_axis`` through ``rank``'s coordinate, in mesh order."""
-        idx = list(self.coord(rank))
-        idx[mesh_axis] = slice(None)
-        return tuple(int(r) for r in self._ranks[tuple(idx)])
+        """The ranks along ``mesh_axis`` through ``rank``'s coordinate, in mesh order (made
+        once per rank and axis: every collective asks)."""
+        groups = self._axis_groups
+        group = groups.get((rank, mesh_axis))
+        if group is None:
+            idx = list(self.coord(rank))
+            idx[mesh_axis] = slice(None)
+            group = groups[(rank, mesh_axis)] = tuple(int(r) for r in self._ranks[tuple(idx)])
+        return group
 
     def check_world(self, world_size: int, fn: str) -> None:
         """Raise ``ValueError`` if a rank lies outside ``0..world_size-1``."""
