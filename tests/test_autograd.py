@@ -38,6 +38,30 @@ def test_data_parallel_grad_is_allreduced(mesh):
         assert "all_reduce" in log.collectives()
 
 
+def test_gradient_differing_only_on_one_rank_axes_is_relabelled(mesh, monkeypatch):
+    """A leaf's gradient whose layout differs from the leaf's only on mesh axes of one rank
+    (partial there, the leaf broadcast or split) is the same shards: handed over without a
+    ``to_global`` (a dispatched op per gradient, ~30 us each inside a step)."""
+    ranks = np.asarray(mesh.rank_list).reshape(mesh.size, 1).tolist()
+    grid = ct.placement("cpu", ranks)  # (n, 1): the second axis holds one rank
+    rng = np.random.default_rng(0)
+    xv, wv, bv = (rng.standard_normal(s) for s in ((5, 4), (6, 4), (6,)))
+    w = ct.tensor(wv, placement=grid, sbp=(S0, B), requires_grad=True)  # split rows
+    b = ct.tensor(bv, placement=grid, sbp=(S0, B), requires_grad=True)
+    x = ct.tensor(xv, placement=grid, sbp=(B, B))
+    loss = (ct.linear(x, w, b) ** 2).sum()
+    moved = []
+    original = ct.Tensor.to_global
+    monkeypatch.setattr(ct.Tensor, "to_global",
+                        lambda self, *a, **k: moved.append(self) or original(self, *a, **k))
+    loss.backward()
+    y = xv @ wv.T + bv
+    assert_layout(w.grad, 2 * y.T @ xv)
+    assert_layout(b.grad, 2 * y.sum(0))
+    assert w.grad.sbp == (S0, B) and b.grad.sbp == (S0, B)
+    assert moved == []
+
+
 def test_no_sync_accumulates_without_communication(mesh):
     rng = np.random.default_rng(1)
     wv = rng.standard_normal((3,))
