@@ -272,7 +272,10 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     if opdef.name == "to_global":
         return _record_move(apply, st, opdef, tensors, attrs)
     layouts = tuple([t._layout for t in tensors])
-    inputs = tuple([_value(t, st) for t in tensors])
+    ids = st.ids  # (outside a backward function, a value seen before is _value inlined)
+    inputs = tuple([_value(t, st) for t in tensors] if st.frames else [
+        e[1] if (e := ids.get(id(t))) is not None and e[0]() is t else _value(t, st)
+        for t in tensors])
     # (which inputs need a gradient decides what is recorded: only while grad mode is on)
     req = tuple([t.requires_grad for t in tensors]) if autograd.grad_mode.enabled else ()
     attrs_key = planner._attrs_key(attrs) if attrs else ()
@@ -281,14 +284,12 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     st.calls.append(call)
     plan = st.plan if st.following else None
     if plan is not None and not _follows(plan, pos, call):
-        st.following, plan = False, None
-        st.stats["deviations"] += 1
+        st.following, plan, st.stats["deviations"] = False, None, st.stats["deviations"] + 1
         st.stats["last_deviation"] = _deviation(st.plan, pos, call)
     # (the planner prices every candidate again while an advisor is installed: only the
     # calls where the plan differs from the per-op choice are advised after the first replay)
     advised = plan is not None and plan.advise[pos] and plan.chosen[pos].sigs is not None
-    if advised:
-        # (op, layouts, signatures, -, per-op picks, picks made, picks known from before)
+    if advised:  # (op, layouts, signatures, -, per-op picks, picks made, picks known before)
         _advice = [opdef, layouts, plan.chosen[pos].sigs, False, [], [], plan.picks[pos]]
         advice = _advice
         previous = planner.set_advisor(_advisor)
@@ -387,7 +388,8 @@ def _follows(plan: _Plan, pos: int, call: Call) -> bool:
     rec = plan.calls[pos]
     if rec.opdef is not call.opdef or rec.req != call.req or rec.attrs_key != call.attrs_key:
         return False
-    if not all(a is b or _alike(a, b) for a, b in zip(call.layouts, plan.expected[pos])):
+    expected = plan.expected[pos]  # (layouts are interned: == is identity)
+    if call.layouts != expected and not all(map(_alike, call.layouts, expected)):
         return False
     return plan.sources[pos] == _sources(_state.values, call.inputs)
 
