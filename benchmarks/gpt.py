@@ -220,8 +220,8 @@ def _half(n: int, comm) -> slice:
 
 
 def _finish(a, comm, records: list) -> None:
-    import resource
-    peak = comm.gather(round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+    import ctensor as ct
+    peak = comm.gather(round(ct.debug.peak_rss() / 2**20, 1))
     if comm.rank == 0:
         with open(a.log_json, "w") as f:
             for r in records:

@@ -3,12 +3,15 @@ collectives, the same-data check of ct.tensor). Runs in simulation and under mpi
 divergence and same-data checks only bite where ranks live in different processes."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 import ctensor as ct
 from ctensor import runtime
-from conftest import assert_layout
+from conftest import MPI_MODE, assert_layout
 
 S0, S1, B = ct.sbp.split(0), ct.sbp.split(1), ct.sbp.broadcast
 P, PMAX = ct.sbp.partial_sum, ct.sbp.partial_max
@@ -238,3 +241,17 @@ def test_tensor_checks_every_rank_passed_the_same_data():
             ct.tensor(data, placement=p)
     with ct.debug.check_tensor_data(False):              # checked unless switched off
         ct.tensor(data, placement=p)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or MPI_MODE,
+                    reason="VmHWM is Linux's; no fork from an MPI rank")
+def test_peak_rss_is_the_process_own_not_its_parent():
+    """``ru_maxrss`` of a process started by fork and exec keeps its parent's maximum;
+    ``ct.debug.peak_rss()`` is the process's own (train.py's 'peak memory per rank')."""
+    held = np.ones(256 * 2**20 // 8)  # the parent holds 256 MiB that the child never has
+    out = subprocess.run([sys.executable, "-c", "import ctensor as ct; print(ct.debug.peak_rss())"],
+                         capture_output=True, text=True, check=True, timeout=120)
+    child, parent = int(out.stdout), ct.debug.peak_rss()
+    assert parent >= held.nbytes
+    assert 0 < child < parent - held.nbytes // 2, (child, parent)
+    assert ct.debug.per_rank(1) == [1] * ct.world_size()

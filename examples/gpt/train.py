@@ -485,9 +485,7 @@ def write_timeline(a, rank0: bool) -> None:
 
 def peak_memory_per_rank() -> list:
     """Each rank's peak resident memory in MiB, on every rank."""
-    import resource
-    mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    return [round(float(v), 1) for v in ct.debug.per_rank(mib)]
+    return [round(float(v), 1) for v in ct.debug.per_rank(ct.debug.peak_rss() / 2**20)]
 
 
 # ----------------------------------------------------------------------------- memory options
