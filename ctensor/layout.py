@@ -91,3 +91,13 @@ class Layout:
 
     def with_sbp(self, sbp) -> "Layout":
         return Layout(self.shape, self.dtype, self.placement, tuple(sbp))
+
+
+def same_shards(a: Layout, b: Layout) -> bool:
+    """Whether layouts ``a`` and ``b`` hold the same shards: they differ at most on mesh axes
+    of one rank, where split, broadcast and partial are one (the per-op choice may label
+    such an axis otherwise than a plan; a replicated leaf's gradient comes out partial
+    there)."""
+    return a is b or (a.shape == b.shape and a.dtype == b.dtype and a.placement == b.placement
+                      and all(x == y or n == 1
+                              for x, y, n in zip(a.sbp, b.sbp, a.placement.shape)))

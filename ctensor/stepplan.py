@@ -60,6 +60,7 @@ import weakref
 from typing import Optional
 
 from . import autograd, dispatch, gradsync, planner, runtime
+from .layout import same_shards
 from .stepsolve import solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
@@ -284,7 +285,8 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     st.calls.append(call)
     plan = st.plan if st.following else None
     if plan is not None and not _follows(plan, pos, call):
-        st.following, plan, st.stats["deviations"] = False, None, st.stats["deviations"] + 1
+        st.following, plan = False, None
+        st.stats["deviations"] += 1
         st.stats["last_deviation"] = _deviation(st.plan, pos, call)
     # (the planner prices every candidate again while an advisor is installed: only the
     # calls where the plan differs from the per-op choice are advised after the first replay)
@@ -389,17 +391,9 @@ def _follows(plan: _Plan, pos: int, call: Call) -> bool:
     if rec.opdef is not call.opdef or rec.req != call.req or rec.attrs_key != call.attrs_key:
         return False
     expected = plan.expected[pos]  # (layouts are interned: == is identity)
-    if call.layouts != expected and not all(map(_alike, call.layouts, expected)):
+    if call.layouts != expected and not all(map(same_shards, call.layouts, expected)):
         return False
     return plan.sources[pos] == _sources(_state.values, call.inputs)
-
-
-def _alike(a, b) -> bool:
-    """Whether layouts ``a`` and ``b`` hold the same data: they differ at most on mesh axes
-    of one rank (where split, broadcast and partial are one; the per-op choice may label such
-    an axis otherwise than the plan)."""
-    return a.shape == b.shape and a.dtype == b.dtype and a.placement == b.placement and \
-        all(x == y or n == 1 for x, y, n in zip(a.sbp, b.sbp, a.placement.shape))
 
 
 def _sources(values: list, inputs: tuple) -> tuple:
