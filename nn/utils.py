@@ -49,8 +49,11 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
     with ct.no_grad():
         parts = []
         for g in grads:
-            a = g.abs()
-            part = a.amax() if math.isinf(norm_type) else (a ** norm_type).sum()
+            if norm_type == 2.0:  # (g * g: NumPy's power is a generic per-element pow, 2x
+                part = (g * g).sum()  # slower than a product, and |g| is one pass more)
+            else:
+                a = g.abs()
+                part = a.amax() if math.isinf(norm_type) else (a ** norm_type).sum()
             parts.append(part.to(grads[0].dtype).to_global(home, replicated))
         total = parts[0]
         for part in parts[1:]:

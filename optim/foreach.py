@@ -41,6 +41,12 @@ __all__ = ["plan_groups", "FlatStates", "CHUNK"]
 #: this; a longer group is cut into chunks of whole parameters)
 CHUNK = 2 ** 22
 
+#: on the host, the kernel runs over slices of this many elements of the flat buffers: its
+#: dozen elementwise passes then read and write a slice in the core's cache (256 KiB of
+#: float32 a buffer) instead of memory (the same arithmetic per element, so the same bits;
+#: the AdamW kernel over the GPT's 867k parameters: 3.2-3.4 ms whole, 2.2-2.6 ms sliced)
+SLICE = 2 ** 16
+
 
 def plan_groups(optimizer, group: dict, names: tuple) -> tuple:
     """Split ``group``'s parameters with a gradient into ``(flat, single)``: ``flat`` maps a
@@ -155,8 +161,8 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
                     [s[n]._shards[rank].reshape(-1) for s in states]).astype(p0.dtype,
                                                                             copy=False)
         P = xp.concatenate([a.reshape(-1) for a in shards])  # (a copy: written into)
-        kernel(xp, P, _gather(xp, [p.grad._shards[rank] for p in params]),
-               *[cache.flats[n][rank] for n in names], **attrs)
+        _sliced(xp, kernel, [P, _gather(xp, [p.grad._shards[rank] for p in params])] +
+                [cache.flats[n][rank] for n in names], attrs)
         results[rank] = P
     for i, p in enumerate(params):  # in place, as copy_ writes
         for rank, new in results.items():
@@ -180,6 +186,17 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
             views.append(s[n])
         cache.views[n] = views
     return cache
+
+
+def _sliced(xp, kernel, flats: list, attrs: dict) -> None:
+    """``kernel(xp, *flats, **attrs)`` (elementwise, in place), over slices of
+    :data:`SLICE` elements on the host, in one call on a GPU."""
+    n = flats[0].size
+    if xp is not np or n <= SLICE:
+        kernel(xp, *flats, **attrs)
+        return
+    for lo in range(0, n, SLICE):
+        kernel(xp, *[f[lo:lo + SLICE] for f in flats], **attrs)
 
 
 def _summed_sbp(layout):
@@ -220,7 +237,7 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
         totals = parts.setdefault((layout.placement, summed), {})
         for rank, a in g._shards.items():
             xp = array_module(a)
-            part = xp.power(xp.abs(a), xp.asarray(2.0, a.dtype)).sum(axis=tuple(range(a.ndim)))
+            part = xp.multiply(a, a).sum(axis=tuple(range(a.ndim)))  # (g * g: see the clip)
             if part.dtype != dtype:
                 part = part.astype(dtype)
             total = totals.get(rank)

@@ -592,6 +592,20 @@ def test_foreach_adamw_is_the_per_parameter_update_bit_for_bit(mesh):
         np.testing.assert_array_equal(a, b)
 
 
+def test_foreach_kernel_over_slices_is_the_whole_update_bit_for_bit(mesh, monkeypatch):
+    from ctensor.optim import foreach
+    want, _, _ = _mlp_steps(mesh, foreach=False)
+    calls = []
+    kernel = foreach.adam_kernel
+    monkeypatch.setattr(foreach, "adam_kernel", lambda xp, p, *a, **k: (
+        calls.append(p.size), kernel(xp, p, *a, **k)))
+    monkeypatch.setattr(foreach, "SLICE", 7)  # slices cut across parameters, one left short
+    got, _, _ = _mlp_steps(mesh, foreach=None)
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert max(calls) == 7 and min(calls) < 7
+
+
 def test_foreach_falls_back_for_sharded_states_and_amsgrad(mesh):
     want, _, _ = _mlp_steps(mesh, foreach=False, shard_states_along=0)
     got, _, _ = _mlp_steps(mesh, foreach=True, shard_states_along=0)
