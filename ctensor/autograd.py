@@ -239,7 +239,11 @@ def _toward(tensors) -> Optional[tuple]:
         if t is None:
             continue
         # a leaf's gradient goes to a bucket, which reduces partial sums best: partial it is
-        leaf = t._node is None
+        # (so does a parameter's dtype cast's, mixed precision's half weight: its backward,
+        # a cast, takes a partial gradient to the parameter as it is)
+        node = t._node
+        leaf = node is None or node.name == "to" and bool(node.inputs) and \
+            node.inputs[0] is not None and node.inputs[0]._node is None
         want = tuple(None if isinstance(s, Broadcast) and not leaf else d
                      for s, d in zip(t._layout.sbp, dual(t._layout.sbp)))
         if any(w is not None for w in want):

@@ -12,6 +12,7 @@ import pytest
 import ctensor as ct
 import ctensor.nn as nn
 import ctensor.optim as optim
+from conftest import MPI_MODE
 
 S, B = ct.sbp.split, ct.sbp.broadcast
 RNG = np.random.default_rng(7)
@@ -603,7 +604,8 @@ def test_foreach_kernel_over_slices_is_the_whole_update_bit_for_bit(mesh, monkey
     got, _, _ = _mlp_steps(mesh, foreach=None)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
-    assert max(calls) == 7 and min(calls) < 7
+    if not MPI_MODE or ct.rank() in mesh:  # (this process runs a rank of the mesh)
+        assert max(calls) == 7 and min(calls) < 7
 
 
 def test_foreach_falls_back_for_sharded_states_and_amsgrad(mesh):

@@ -36,12 +36,12 @@ import numpy as np
 
 import math
 
-from ..dispatch import as_tensor
+from ..dispatch import OpDef, as_tensor
 from ..registry import OPS
 from ..tensor import Tensor
 from ._rules import B, P, S, broadcast_shapes, defop, norm_dim, sig, split_along, widen
 from .elementwise import sum_to
-from .reduction import unreduce
+from .reduction import _sum_kernel, unreduce
 
 __all__ = ["matmul", "matmul_t", "linear", "mm", "bmm", "mv", "dot", "addmm", "baddbmm",
            "outer", "ger", "vector_norm", "matrix_norm", "linalg_norm"]
@@ -226,11 +226,99 @@ def linear(x, weight, bias=None):
     """``x @ weight^T + bias`` (weight ``(out, in)`` like PyTorch), computed without a
     transpose op: a column-split weight (S(0)) gives an output split on its last dim, a
     row-split weight (S(1)) with an input split on its last dim gives a partial output.
+    With a bias, a matrix weight and a batch input of one dtype it is one op (the product
+    and the bias added in one kernel; in the backward one more product for the input and
+    one kernel for both parameters' gradients), else the product and an ``add``.
 
     >>> y = ct.linear(x, w, b)
     """
+    if bias is not None:
+        x, weight, bias = as_tensor([x, weight, bias], "linear")
+        if weight.ndim == 2 and bias.ndim == 1 and x.ndim >= 2 and \
+                x.dtype == weight.dtype == bias.dtype:
+            return _BIASED(x, weight, bias)
     y = matmul_t(x, weight, transpose_b=True)
     return y if bias is None else y + bias
+
+
+# ----------------------------------------------------------------------------- linear, biased
+# ``x (..., k) @ w (n, k)^T + b (n,)`` as one op: in a transformer a third of the ops of a
+# step were a linear layer's bias add, its sum in the backward and the reshapes around the
+# weight's gradient; the arithmetic is the product's and the add's, in their order (same bits)
+def _biased_meta(layouts):
+    x, w, b = layouts
+    (shape, dtype), = _meta((x, w), transpose_b=True)
+    if b.dtype != dtype or tuple(b.shape) != shape[-1:]:
+        raise ValueError(f"linear: the bias has shape {tuple(b.shape)} and dtype {b.dtype}; "
+                         f"expected {shape[-1:]} and {dtype} (one value per output feature)")
+    return [(shape, dtype)]
+
+
+def _biased_signatures(layouts):
+    """The product's rules for a matrix weight, with the bias laid out as the output's last
+    dim: split with a column-split weight, partial with a partial product (the bias then
+    counted once: ``B -> P`` keeps it on one rank)."""
+    r = len(layouts[0].shape) - 1
+    return [sig([B, B, B], B)] + [sig([S(d), B, B], S(d)) for d in range(r)] + [
+        sig([B, S(0), S(0)], S(r)), sig([S(r), S(1), P], P), sig([P, B, P], P),
+        sig([B, P, P], P)]
+
+
+def _biased_kernel(xp, x, w, b):
+    y = _kernel(xp, x, w, transpose_b=True)
+    if y.dtype != b.dtype:  # float16 on the host: the product as the matmul op returns it
+        y = y.astype(b.dtype)
+    y += b  # (a fresh array: the add in place, one pass and no temporary)
+    return y
+
+
+def _biased_backward(ctx, g):
+    x, w, b = ctx.inputs
+    gx = matmul_t(g, w) if ctx.needs_grad(0) else None  # (..., n) @ (n, k)
+    gw = gb = None
+    if ctx.needs_grad(1):
+        gw, gb = _GRAD_PARAMS(x, g)
+        gb = gb if ctx.needs_grad(2) else None
+    elif ctx.needs_grad(2):
+        gb = sum_to(g, b.shape)
+    return gx, gw, gb
+
+
+def _params_meta(layouts):
+    x, g = layouts
+    return [((g.shape[-1], x.shape[-1]), x.dtype), (g.shape[-1:], g.dtype)]
+
+
+def _params_signatures(layouts):
+    """``gw = g^T x`` and ``gb = sum g``, both contracting every leading dim: partial where
+    one is split alike, split like the weight where a feature dim is."""
+    r = len(layouts[0].shape) - 1
+    return [sig([B, B], (B, B))] + [sig([S(d), S(d)], (P, P)) for d in range(r)] + [
+        sig([S(r), B], (S(1), B)), sig([B, S(r)], (S(0), S(0))), sig([P, B], (P, B)),
+        sig([B, P], (P, P))]
+
+
+def _params_kernel(xp, x, g):
+    """The weight's gradient as one ``(rows, n)^T @ (rows, k)`` product and the bias's as
+    the sum op's kernel over the leading dims (the unfused backward's calls)."""
+    rows = int(np.prod(g.shape[:-1]))  # (not -1: a shard may hold no features)
+    gw = _kernel(xp, g.reshape(rows, g.shape[-1]), x.reshape(rows, x.shape[-1]),
+                 transpose_a=True)
+    return gw, _sum_kernel(xp, g, tuple(range(g.ndim - 1)), False)
+
+
+def _params_flops(in_shapes, out_shapes):
+    x, g = in_shapes
+    return 2.0 * float(np.prod(x, dtype=np.float64)) * g[-1] + float(np.prod(g))
+
+
+_BIASED = OpDef(
+    "linear", _biased_kernel, _biased_meta, _biased_signatures, _biased_backward,
+    flops=lambda ins, outs: _flops(ins[:2], outs, transpose_b=True) + float(np.prod(outs[0])),
+    saves=lambda grads, layouts: ((1,) if grads & 1 else ()) + ((0,) if grads & 2 else ()))
+_GRAD_PARAMS = _BIASED.grad_kernel("grad_params", _params_kernel, meta=_params_meta,
+                                   signatures=_params_signatures, flops=_params_flops,
+                                   saves=(), n_outputs=2)
 
 
 # ----------------------------------------------------------------------------- PyTorch's forms

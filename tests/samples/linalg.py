@@ -59,6 +59,8 @@ SAMPLES = [
            make=lambda r, s, i: r.integers(-3, 4, s), name="matmul_int"),
     Sample("linear", ct.linear, lambda x, w, b: x @ w.T + b, [(4, 3), (2, 3), (2,)],
            uneven=[(7, 5), (3, 5), (3,)], grad=(0, 1, 2)),
+    Sample("linear", ct.linear, lambda x, w, b: x @ w.T + b, [(2, 4, 3), (4, 3), (4,)],
+           uneven=[(3, 5, 7), (5, 7), (5,)], grad=(0, 1, 2), name="linear_batch"),
     Sample("linear", ct.linear, lambda x, w: x @ w.T, [(2, 4, 3), (4, 3)],
            uneven=[(3, 5, 7), (5, 7)], grad=(0, 1), name="linear_nobias"),
     # PyTorch's fixed-rank forms of matmul, and the fused sums
