@@ -13,9 +13,11 @@ all-reduce they are), are updated together:
 * the states live in one flat buffer per rank, updated in place (as PyTorch's), and each
   state tensor is a view of it (``state_dict`` sees ordinary tensors whose values, as in
   PyTorch, move on with later steps; a loaded or replaced state is gathered again);
-* the parameters are gathered into one buffer, updated by the same kernel, and written
-  back into their own shards in place (their identity and in-place write count as
-  ``copy_`` keeps them).
+* a large parameter (a quarter of :data:`SLICE` or more) is updated by the kernel in its
+  own array when this process holds one rank (in a simulation ranks may share arrays);
+  smaller ones are gathered into buffers of at most a slice, updated by the same kernel,
+  and written back into their own shards in place (their identity and in-place write
+  count as ``copy_`` keeps them).
 
 The arithmetic is elementwise and the same as the per-parameter kernel's, in the same
 order, so the bits are the same. The kernel's temporaries are a few times a chunk's size:
@@ -150,26 +152,35 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
     fresh = cache is None or not cache.valid(params, states)
     if fresh:
         cache = FlatStates(params, names)
-    offsets, results = {}, {}
+    writes = []  # (rank, [(parameter index, its offset)], their new values in one array)
+    ranges = {}  # rank -> the parameters' offsets in the flat buffers
+    alone = len(params[0]._shards) == 1  # one rank in this process: no shard is shared
     for rank, p0 in params[0]._shards.items():  # every rank's update before any write: in
         xp = array_module(p0)                   # a simulation ranks may share an array
         shards = [p._shards[rank] for p in params]
-        offsets[rank] = np.cumsum([0] + [a.size for a in shards]).tolist()
+        offsets = ranges[rank] = np.cumsum([0] + [a.size for a in shards]).tolist()
         if fresh:  # (copies: the states' own buffers may be shared)
             for n in names:
                 cache.flats.setdefault(n, {})[rank] = xp.concatenate(
                     [s[n]._shards[rank].reshape(-1) for s in states]).astype(p0.dtype,
                                                                             copy=False)
-        P = xp.concatenate([a.reshape(-1) for a in shards])  # (a copy: written into)
-        _sliced(xp, kernel, [P, _gather(xp, [p.grad._shards[rank] for p in params])] +
-                [cache.flats[n][rank] for n in names], attrs)
-        results[rank] = P
-    for i, p in enumerate(params):  # in place, as copy_ writes
-        for rank, new in results.items():
-            a, lo, hi = p._shards[rank], offsets[rank][i], offsets[rank][i + 1]
+        G = _gather(xp, [p.grad._shards[rank] for p in params])
+        flats = [cache.flats[n][rank] for n in names]
+        for lo, hi, run, direct in _runs(shards, offsets, alone):
+            if direct:  # a large parameter updated where it lies
+                P = shards[run[0]].reshape(-1)
+            else:  # small ones gathered (a copy: written back below)
+                P = xp.concatenate([shards[i].reshape(-1) for i in run])
+                writes.append((rank, [(i, offsets[i] - lo) for i in run], P))
+            _sliced(xp, kernel, [P, G[lo:hi]] + [f[lo:hi] for f in flats], attrs)
+    for rank, members, new in writes:  # in place, as copy_ writes
+        for i, lo in members:
+            p = params[i]
+            a = p._shards[rank]
             if isinstance(a, np.ndarray) and not a.flags.writeable:
                 a = p._shards[rank] = a.copy()  # never into a shared read-only shard
-            a[...] = new[lo:hi].reshape(a.shape)
+            a[...] = new[lo:lo + a.size].reshape(a.shape)
+    for p in params:
         p._version.value += 1
     if not fresh:  # the state tensors are views of the flat buffers, written in place
         for n in names:
@@ -179,13 +190,36 @@ def apply(params: list, states: list, cache: "FlatStates | None", names: tuple, 
     for n in names:
         views = []
         for i, (p, s) in enumerate(zip(params, states)):
-            shards = {rank: flat[offsets[rank][i]:offsets[rank][i + 1]].reshape(
+            shards = {rank: flat[ranges[rank][i]:ranges[rank][i + 1]].reshape(
                 p._shards[rank].shape) for rank, flat in cache.flats[n].items()}
             s[n] = Tensor(p._layout, shards)
             ct.debug.tag_memory(s[n], "optimizer")
             views.append(s[n])
         cache.views[n] = views
     return cache
+
+
+def _runs(shards: list, offsets: list, alone: bool) -> list:
+    """The parameters of one rank as ``(lo, hi, indices, direct)`` runs of the flat buffers:
+    a large parameter alone, ``direct`` (updated where it lies) when this process holds one
+    rank (no shard is shared) and its shard is a writable C-contiguous array; smaller ones
+    together, at most :data:`SLICE` elements a run (gathered, written back)."""
+    runs, run = [], []
+    for i, a in enumerate(shards):
+        if alone and a.size >= SLICE // 4 and a.flags.c_contiguous and \
+                (not isinstance(a, np.ndarray) or a.flags.writeable):
+            if run:
+                runs.append((offsets[run[0]], offsets[i], run, False))
+                run = []
+            runs.append((offsets[i], offsets[i + 1], [i], True))
+            continue
+        if run and offsets[i + 1] - offsets[run[0]] > SLICE:
+            runs.append((offsets[run[0]], offsets[i], run, False))
+            run = []
+        run.append(i)
+    if run:
+        runs.append((offsets[run[0]], offsets[len(shards)], run, False))
+    return runs
 
 
 def _sliced(xp, kernel, flats: list, attrs: dict) -> None:

@@ -608,6 +608,36 @@ def test_foreach_kernel_over_slices_is_the_whole_update_bit_for_bit(mesh, monkey
         assert max(calls) == 7 and min(calls) < 7
 
 
+def test_foreach_updates_large_parameters_where_they_lie(mesh, monkeypatch):
+    """A parameter of at least a quarter slice is updated in its own array when this process
+    holds one rank (no copy in and out); in a simulation of several ranks, gathered."""
+    from ctensor.optim import foreach
+    written = []  # the arrays the kernel updated
+    kernel = foreach.adam_kernel
+    monkeypatch.setattr(foreach, "adam_kernel", lambda xp, p, *a, **k: (
+        written.append(p), kernel(xp, p, *a, **k)))
+
+    def steps(foreach):
+        ct.manual_seed(0)
+        layer = nn.Linear(160, 120)  # 19,200 weights: direct; 120 biases: gathered
+        layer.to_global(mesh, (ct.sbp.broadcast,) * mesh.ndim)
+        opt = optim.AdamW(layer.parameters(), lr=0.01, foreach=foreach)
+        x = ct.ones(4, 160, placement=mesh, sbp=(ct.sbp.broadcast,) * mesh.ndim)
+        arrays = dict(layer.weight._shards)
+        for _ in range(2):
+            (layer(x) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        return layer, arrays
+    want, _ = steps(False)
+    got, arrays = steps(None)
+    for a, b in zip(got.parameters(), want.parameters()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert all(got.weight._shards[r] is a for r, a in arrays.items())
+    in_place = [any(np.shares_memory(p, a) for p in written) for a in arrays.values()]
+    assert in_place == [len(arrays) == 1] * len(arrays)
+
+
 def test_foreach_falls_back_for_sharded_states_and_amsgrad(mesh):
     want, _, _ = _mlp_steps(mesh, foreach=False, shard_states_along=0)
     got, _, _ = _mlp_steps(mesh, foreach=True, shard_states_along=0)
