@@ -1,5 +1,6 @@
-"""``ct.linear`` with a bias is one op (ctensor/ops/linalg.py): the same bits as the product
-and the add it replaces, forward and backward, in every layout of a linear layer."""
+"""Kernels that do in one call what several did, with the same bits: ``ct.linear`` with a
+bias is one op (ctensor/ops/linalg.py), the product and the add it replaces, forward and
+backward, in every layout of a linear layer; ``pow`` by 2 is a product, by 1 a copy."""
 import numpy as np
 import pytest
 
@@ -95,3 +96,17 @@ def test_linear_falls_back_to_the_product_and_the_add():
     with pytest.raises(ValueError, match="linear"):
         ct.linear(ct.tensor(x), ct.tensor(w.astype(np.float32)),
                   ct.tensor(np.ones(5, np.float32)))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_pow_of_two_and_one_are_numpys_power_bit_for_bit(dtype):
+    # the kernel squares by a product and copies for the power 1: NumPy's power's bits
+    rng = np.random.default_rng(5)
+    with np.errstate(all="ignore"):
+        a = np.concatenate([rng.standard_normal(4096) * s for s in (1e-30, 1e-4, 1, 1e4, 1e30)]
+                           + [np.array([0.0, -0.0, np.inf, -np.inf, np.nan])]).astype(dtype)
+        for e in (2.0, 1.0, 3.0, 0.5):
+            got = (ct.tensor(a) ** e).numpy()
+            want = np.power(a, np.asarray(e, dtype))
+            assert got.dtype == want.dtype
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
