@@ -171,15 +171,23 @@ def choose(opdef, layouts: tuple, attrs: dict, out_meta, dests, grads: int,
         if not candidates:
             raise ValueError(f"{opdef.name}: no SBP signature for inputs "
                              f"{[format_sbp(l.sbp) for l in layouts]}")
+        cands = candidates
+        if placement.shape[axis] == 1:
+            # an axis of one rank: every SBP there holds the whole data, so a composite
+            # (written not to move it) only adds its own ops, and a relabel is free: never
+            # the composite when the kernel is offered (a vocabulary-parallel head on a
+            # tensor-parallel axis of one rank: one fused loss, not its ~20 ops)
+            plain = [c for c in candidates if not c.composite]
+            cands = plain or candidates
         best, best_cost, costs = None, None, []
-        for cand in candidates:
+        for cand in cands:
             total = _candidate_cost(opdef, cand, axis, layouts, attrs, out_meta, out_sbp,
                                     hints, placement.device, grads, pinned, same)
             costs.append(total)
             if best is None or total < best_cost:
                 best, best_cost = cand, total
         if advise is not None:
-            best = advise(axis, candidates, costs, best) or best
+            best = advise(axis, cands, costs, best) or best
         composite = composite or best.composite
         for i in range(len(layouts)):
             in_sbp[i][axis] = best.inputs[i]

@@ -146,7 +146,8 @@ def test_layer_norm_split_hidden_keeps_split(mesh):
     sbp = (S(1),) * mesh.ndim
     with ct.debug.comm_log() as log:
         out = F.layer_norm(_t(x, mesh, sbp), 32768)
-    assert out.sbp == sbp
+    # (on a mesh of one rank the fused kernel runs: the whole rows are there, labelled B)
+    assert out.sbp == (sbp if mesh.size > 1 else (B,))
     assert set(log.collectives()) <= {"all_reduce"}
     assert all(e.nbytes <= 4 * 8 for e in log)  # row statistics only (bytes per rank)
 
