@@ -591,7 +591,7 @@ def main(argv=None) -> dict:
                           for x, y in v)
             print(f"{k:>19} = {shown}")
     load = os.getloadavg()[0]
-    note = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by python -m "
+    note = (f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by python "
             f"benchmarks/calibrate.py{' --quick' if a.quick else ''} in "
             f"{time.perf_counter() - t0:.0f} s, load {load:.1f}")
     if not a.dry_run:
