@@ -228,6 +228,16 @@ def _topological(roots) -> list:
     return order[::-1]
 
 
+def casts_leaf(node) -> bool:
+    """Whether ``node`` is a dtype cast of a leaf (mixed precision's half copy of a float32
+    master parameter). Such a copy counts as its parameter: dispatch pins it where the
+    parameter was laid out, and its gradient is headed where the parameter's is."""
+    if node.name != "to" or not node.inputs:  # (no inputs: a node that has run its backward)
+        return False
+    src = node.inputs[0]
+    return src is not None and src._node is None
+
+
 def _toward(tensors) -> Optional[tuple]:
     """Where the gradients of ``tensors`` are headed: per tensor ``(shape, placement, sbp)``
     with, per mesh axis, the SBP its gradient is wanted in — a split tensor's gradient
@@ -239,11 +249,10 @@ def _toward(tensors) -> Optional[tuple]:
         if t is None:
             continue
         # a leaf's gradient goes to a bucket, which reduces partial sums best: partial it is
-        # (so does a parameter's dtype cast's, mixed precision's half weight: its backward,
-        # a cast, takes a partial gradient to the parameter as it is)
+        # (so does a parameter's dtype cast's: its backward, a cast, takes a partial
+        # gradient to the parameter as it is)
         node = t._node
-        leaf = node is None or node.name == "to" and bool(node.inputs) and \
-            node.inputs[0] is not None and node.inputs[0]._node is None
+        leaf = node is None or casts_leaf(node)
         want = tuple(None if isinstance(s, Broadcast) and not leaf else d
                      for s, d in zip(t._layout.sbp, dual(t._layout.sbp)))
         if any(w is not None for w in want):

@@ -54,7 +54,7 @@ from typing import Callable, Optional, Sequence
 
 from . import planner, runtime, tape
 from . import timing as _profile
-from .autograd import grad_mode
+from .autograd import casts_leaf, grad_mode
 from .executor import KernelContext, execute, start
 from .operands import as_tensor
 from .planner import plan_for
@@ -293,15 +293,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
 
 
 # --------------------------------------------------------------------------- apply
-_CAST = "to"
-
-
-def _casts_leaf(node) -> bool:
-    """Whether ``node`` is a dtype cast of a parameter (mixed precision's half copy of a
-    float32 master): such a copy stays where its parameter was laid out, as the parameter
-    itself would (``pinned``)."""
-    src = node.inputs[0]
-    return src is not None and src._node is None
+_CAST = "to"  # (checked inline before casts_leaf: the hot path calls it for casts only)
 
 
 def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
@@ -322,24 +314,24 @@ def apply(opdef: OpDef, tensors: Sequence, attrs: dict, started: bool = False):
         if t.requires_grad:
             node = t._node
             grads = 1  # (a conditional, not int(): a builtin call less)
-            pinned = 1 if node is None or node.name == _CAST and _casts_leaf(node) else 0
+            pinned = 1 if node is None or node.name == _CAST and casts_leaf(node) else 0
         if u.requires_grad:
             node = u._node
             grads |= 2
-            pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << 1
+            pinned |= (node is None or node.name == _CAST and casts_leaf(node)) << 1
     elif n == 1:
         t = tensors[0]
         layouts, same = (t._layout,), _SINGLE
         if t.requires_grad:
             node = t._node
             grads = 1
-            pinned = 1 if node is None or node.name == _CAST and _casts_leaf(node) else 0
+            pinned = 1 if node is None or node.name == _CAST and casts_leaf(node) else 0
     else:
         layouts = tuple([t._layout for t in tensors])
         for i, t in enumerate(tensors):
             if t.requires_grad:
                 node = t._node
-                pinned |= (node is None or node.name == _CAST and _casts_leaf(node)) << i
+                pinned |= (node is None or node.name == _CAST and casts_leaf(node)) << i
                 grads |= 1 << i
         same = tuple([next(j for j in range(i + 1) if tensors[j] is t)
                       for i, t in enumerate(tensors)])

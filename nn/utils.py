@@ -49,8 +49,8 @@ def clip_grad_norm_(parameters: Union[ct.Tensor, Iterable[ct.Tensor]], max_norm:
     with ct.no_grad():
         parts = []
         for g in grads:
-            if norm_type == 2.0:  # (g * g: NumPy's power is a generic per-element pow, 2x
-                part = (g * g).sum()  # slower than a product, and |g| is one pass more)
+            if norm_type == 2.0:  # (g * g, as the multi-tensor path squares: the same
+                part = (g * g).sum()  # bits on a GPU too, and no pass for |g|)
             else:
                 a = g.abs()
                 part = a.amax() if math.isinf(norm_type) else (a ** norm_type).sum()

@@ -271,7 +271,7 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
         totals = parts.setdefault((layout.placement, summed), {})
         for rank, a in g._shards.items():
             xp = array_module(a)
-            part = xp.multiply(a, a).sum(axis=tuple(range(a.ndim)))  # (g * g: see the clip)
+            part = xp.multiply(a, a).sum(axis=tuple(range(a.ndim)))  # (g * g, as the clip)
             if part.dtype != dtype:
                 part = part.astype(dtype)
             total = totals.get(rank)
