@@ -85,7 +85,12 @@ def _dtensor(av, bv, split: bool, grad: bool):
 
 
 def op_overhead(number: int) -> list:
-    """Rows ``(op, layout, grad, ctensor s, numpy s, DTensor s or None, torch s or None)``."""
+    """Rows ``(op, layout, grad, ctensor s, numpy s, DTensor s or None, torch s or None)``.
+    With the step plan off: these loops of ops with grad never call ``backward()``, so the
+    plan (on by default) would record them, about doubling their dispatch until its cap
+    (``stepplan._MAX_CALLS``); a training loop's steps are recorded only until its plan is
+    learned (its first three), and replayed or left unrecorded after."""
+    ct.step_plan(False)
     p = ct.placement.all()
     S0, B = ct.sbp.split(0), ct.sbp.broadcast
     rng = np.random.default_rng(0)
@@ -152,6 +157,7 @@ def main() -> None:
     args = settle(parser.parse_args(), dict(number=2000, steps=5, tokens=2048, hidden=256),
                   dict(number=20, steps=1, tokens=128, hidden=32))
     rows = op_overhead(args.number)
+    ct.step_plan(ct.stepplan.DEFAULT_ON)  # (the default again: the MLP step is a loop)
     t_tp, t_one = mlp_step(args.tokens, args.hidden, args.steps)
     if ct.rank() == 0:
         print(f"dispatch overhead on {ct.world_size()} rank(s), 8x8 float32 (best of 5 "

@@ -15,6 +15,7 @@ goes).
 
     mpiexec -n 2 python benchmarks/llama_tp.py                      # the test's model
     mpiexec -n 2 python benchmarks/llama_tp.py --dim 256 --seq 64    # compute matters
+    mpiexec -n 2 python benchmarks/llama_tp.py --dim 512 --seq 128 --vocab 2048  # dominates
     python benchmarks/llama_tp.py --quick                           # simulated, seconds
 
 Without mpiexec it runs simulated: ctensor's counts only (the hand-written step needs two

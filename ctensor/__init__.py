@@ -36,7 +36,7 @@ from .errors import (CollectiveError, DivergenceError, CommTimeoutError, RankExi
                      MetaModeError)
 from .pending import PendingTensor
 from .registry import OPS as _OPS
-from . import stepplan as _stepplan  # the step plan: learned, solved, replayed (off by default)
+from . import stepplan as _stepplan  # the step plan: learned, solved, replayed (on by default)
 from .stepplan import step_plan
 from . import stepview as _stepview
 debug.step_plan = _stepview.report  # ct.debug.step_plan(): what the plan chose, per op

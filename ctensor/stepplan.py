@@ -43,8 +43,9 @@ each op's choice is already the best) leaves nothing to replay: the process then
 recording (``idle`` in the report; each later step counts as replayed), so such a loop pays
 for the step plan only during its first steps. ``ct.step_plan(True)`` learns again.
 
-Off by default: ``ct.step_plan(True)`` (or ``CTENSOR_STEP_PLAN=1`` in the environment)
-turns it on, ``ct.step_plan(False)`` off (and forgets the plan). What the plan
+On by default (``CTENSOR_STEP_PLAN=0`` starts a process with it off); ``ct.step_plan(False)``
+turns it off (and forgets the plan). A program whose windows never repeat (batches of
+changing shapes) stops being recorded (``gave up``). What the plan
 chose against the per-op choice, per call: :func:`ctensor.stepview.report`
 (``ct.debug.step_plan()``).
 
@@ -65,12 +66,16 @@ from .stepsolve import solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
-#: whether a process starts with step planning on: off unless ``CTENSOR_STEP_PLAN=1``
-#: (measured on this CPU: recording ops with grad outside a step doubles their dispatch
-#: overhead, and on cpu placements a followed plan rarely pays for its replay)
-DEFAULT_ON = os.environ.get("CTENSOR_STEP_PLAN", "0") == "1"
-_MAX_CALLS = 200_000  # a window longer than this is not recorded (no backward in sight)
+#: whether a process starts with step planning on: unless ``CTENSOR_STEP_PLAN=0``. A recorded
+#: op's dispatch costs about twice an unrecorded one's, so recording is bounded: a loop's
+#: first steps, :data:`_NO_REPEAT` windows of a program that never repeats, and
+#: :data:`_MAX_CALLS` calls (~0.7 KB each) of ops with grad and no ``backward()``
+DEFAULT_ON = os.environ.get("CTENSOR_STEP_PLAN", "1") != "0"
+_MAX_CALLS = 50_000  # a window longer than this is not recorded (no backward in sight)
 _GIVE_UP = 3  # plans in a row that fail: stop planning
+#: windows in a row that end unplanned: stop planning (a loop's first window, forward and
+#: backward, differs from its second, update + forward + backward; the third repeats it)
+_NO_REPEAT = 4
 #: what replaying a planned step costs per op call, on top of its dispatch (recording the
 #: call, the guard, the advice; measured here: 12-15 us on a 2-core x86 machine): a plan
 #: whose estimated saving per step is below ``calls x`` this is not followed by default
@@ -111,9 +116,7 @@ class _Plan:
                 layout.append((opt.outs if val[0] == "out" else opt.targets)[val[2]])
         self.expected = [tuple(layout[v] for v in c.inputs) for c in calls]
         self.rows = None
-        # per call: whether the planner must be advised (False once a replay found the
-        # per-op choice to be the plan's there)
-        self.advise = [True] * len(calls)
+        self.advise = [True] * len(calls)  # per call: advise (not once it chose as the plan)
         self.picks: list = [None] * len(calls)  # per call, the advisor's picks once seen
         self.sources = [_sources(values, c.inputs) for c in calls]  # (for the guard)
 
@@ -129,9 +132,9 @@ class _State:
         self.always = False  # follow a plan whatever its saving (step_plan(always=True))
         self.idle = False  # the plan is not followed (see _idle): nothing to record
         self.failures = 0  # plans in a row that failed
+        self.unrepeated = 0  # windows in a row that ended with no plan
         self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
-                      "idle": False,
-                      "solve_seconds": 0.0, "last_deviation": None}
+                      "idle": False, "solve_seconds": 0.0, "last_deviation": None}
         self.previous = None  # the last unplanned window's sequence (see _shape)
         self.depth = 0  # nested backward() calls
         self.inside = None  # the call being recorded (op, tensors)
@@ -498,15 +501,17 @@ def _step_end(st: _State, ok: bool) -> None:
             st.failures += 1
             st.plan = None
         shape = _shape(st.calls)
-        if st.failures >= _GIVE_UP:
-            st.enabled = False
-            st.stats["gave_up"] = True
-        elif shape == st.previous:  # the loop repeats: plan it
+        if shape == st.previous and st.failures < _GIVE_UP:  # the loop repeats: plan it
             st.plan = _learn(st)
             st.idle = st.stats["idle"] = _idle(st, st.plan)
+            st.unrepeated = 0
         st.previous = shape
     else:
         st.previous = None
+    st.unrepeated += st.plan is None
+    if st.failures >= _GIVE_UP or st.unrepeated >= _NO_REPEAT:  # stop recording
+        st.enabled = False
+        st.stats["gave_up"] = True
     st.window += 1
     st._new_window()
     st.following = st.plan is not None

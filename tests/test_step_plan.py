@@ -293,3 +293,36 @@ def test_a_mesh_axis_of_one_rank_does_not_end_the_replay():
         assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
         for name, g in ref_grads.items():
             np.testing.assert_allclose(grads[name], g, rtol=1e-10, atol=1e-13, err_msg=name)
+
+
+def test_a_program_that_never_repeats_stops_being_recorded():
+    """Steps of changing shapes (the batch grows every step) never repeat the window before
+    them: after ``stepplan._NO_REPEAT`` such windows the process stops recording (a
+    recorded op costs about twice an unrecorded one), says so, and the values are the
+    per-op choice's; ``ct.step_plan(True)`` records again."""
+    from ctensor import stepplan
+    with float64(), world(2):
+        ctensor.step_plan(True)  # (the default)
+        ctensor.manual_seed(0)
+        layer = ctensor.nn.Linear(8, 4, dtype=np.float64)
+        mesh = ctensor.placement("cpu", [0, 1])
+        layer.to_global(mesh, {"weight": S(0), "bias": S(0)})
+        rng = np.random.default_rng(0)
+        for n in range(1, stepplan._NO_REPEAT + 3):
+            x = rng.standard_normal((n, 8))
+            out = layer(ctensor.tensor(x).to_global(mesh, (B,)))
+            (out * out).sum().backward()
+            w, b = (np.asarray(layer.weight.numpy()), np.asarray(layer.bias.numpy()))
+            np.testing.assert_allclose(layer.weight.grad.numpy(),
+                                       2 * (x @ w.T + b).T @ x, rtol=1e-12)
+            layer.weight.grad = layer.bias.grad = None
+            if n == stepplan._NO_REPEAT:
+                report = ctensor.debug.step_plan()
+                assert report.gave_up and report.learned == 0, report.summary()
+            if n > stepplan._NO_REPEAT:
+                assert stepplan._state.calls == []  # not recorded
+        ctensor.step_plan(True)
+        (layer(ctensor.tensor(rng.standard_normal((2, 8))).to_global(mesh, (B,)))
+         .sum().backward())
+        assert not ctensor.debug.step_plan().gave_up
+        assert ctensor.stepplan._state.started
