@@ -83,7 +83,7 @@ class Layout:
         return self.numel * self.dtype.itemsize
 
     def local_nbytes(self, rank: int) -> int:
-        return int(np.prod(self.local_shape(rank), dtype=np.int64)) * self.dtype.itemsize
+        return math.prod(map(int, self.local_shape(rank))) * self.dtype.itemsize
 
     @property
     def has_partial(self) -> bool:

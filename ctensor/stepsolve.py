@@ -292,14 +292,53 @@ class _Sync:
                 cost_model.collective(kind, group, 0, placement.device))
 
     def fixed(self, layout_of) -> float:
-        """Per bucket its collective's latency (``layout_of``: a value's current layout)."""
-        keys = []
-        for v, dst in self.target.items():
-            key = self.key(layout_of(v), dst)
-            if key is not None and key not in keys:
-                keys.append(key)
-        return sum(cost_model.collective(kind, group, 0, placement.device)
-                   for placement, _, kind, group, _ in keys)
+        """Per bucket its collective's latency (``layout_of``: a value's current layout).
+        Also notes each gradient's bucket and the members per bucket, which
+        :meth:`changed` updates."""
+        self.joined = {v: self.key(layout_of(v), dst) for v, dst in self.target.items()}
+        self.members: dict = {}
+        for key in self.joined.values():
+            if key is not None:
+                self.members[key] = self.members.get(key, 0) + 1
+        return sum(self.latency(key) for key in self.members)
+
+    @staticmethod
+    def latency(key) -> float:
+        placement, _, kind, group, _ = key
+        return cost_model.collective(kind, group, 0, placement.device)
+
+    def changed(self, values, layout_of) -> tuple:
+        """``(change of the buckets' latency, the new buckets of values)`` were ``values``
+        (gradients among them) in their current layouts: buckets emptied or started (the
+        solver's move touches a few gradients; :meth:`fixed` counts them all)."""
+        moved = {}
+        for v in values:
+            if v in self.target:
+                key = self.key(layout_of(v), self.target[v])
+                if key != self.joined[v]:
+                    moved[v] = key
+        if not moved:
+            return 0.0, moved
+        count = {}
+        for v, key in moved.items():
+            for k, n in ((self.joined[v], -1), (key, 1)):
+                if k is not None:
+                    count[k] = count.get(k, 0) + n
+        delta = 0.0
+        for key, n in count.items():
+            had = self.members.get(key, 0)
+            delta += self.latency(key) * ((had + n > 0) - (had > 0))
+        return delta, moved
+
+    def join(self, moved: dict) -> None:
+        """Keep what :meth:`changed` found (the move was taken)."""
+        for v, key in moved.items():
+            for k, n in ((self.joined[v], -1), (key, 1)):
+                if k is not None:
+                    self.members[k] = self.members.get(k, 0) + n
+                    if not self.members[k]:
+                        del self.members[k]
+            self.joined[v] = key
 
 
 def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
@@ -337,15 +376,13 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
     new_edges = {v: p.edge_cost(v) for v in touched}
     delta = sum(p.opts[j][p.cur[j]].compute - p.opts[j][was].compute for j, was in old.items())
     delta += sum(new_edges[v] - p.edge[v] for v in touched)
-    fixed = None
-    if any(v in p.sync.target for v in touched):
-        fixed = p.sync.fixed(p.layout)
-        delta += fixed - p.fixed
+    change, moved = p.sync.changed(touched, p.layout)
+    delta += change
     if delta < -_TOL:
         for v, c in new_edges.items():
             p.edge[v] = c
-        if fixed is not None:
-            p.fixed = fixed
+        p.sync.join(moved)
+        p.fixed += change
         return True
     for j, was in old.items():
         p.cur[j] = was
