@@ -33,9 +33,11 @@ the same ops every step, so ctensor learns the step and plans it:
   plan's (op, attributes, which values, gradient bits, and the input layouts the *plan*
   expects there). The first difference — another op, shape, layout, a data-dependent
   branch — ends the replay for the rest of the window: later calls take the per-op choice
-  (every candidate computes the same value, so nothing changes but where collectives run),
-  the deviation is counted, and the window is learned again at its end. After
-  :data:`_GIVE_UP` plans in a row fail, the process stops planning (counted) until
+  (every candidate computes the same value, so nothing changes but where collectives run)
+  and the deviation is counted. The next window follows the plan again (a one-off step —
+  an evaluation, the epoch's short last batch, the update of gradient accumulation — costs
+  no solve); a window that repeats the one before it is learned anew. After
+  :data:`_GIVE_UP` windows in a row fail, the process stops planning (counted) until
   :func:`step_plan` is called again.
 
 A plan that chooses what the per-op choice chooses at every call (a data-parallel step, where
@@ -72,7 +74,7 @@ __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 #: :data:`_MAX_CALLS` calls (~0.7 KB each) of ops with grad and no ``backward()``
 DEFAULT_ON = os.environ.get("CTENSOR_STEP_PLAN", "1") != "0"
 _MAX_CALLS = 50_000  # a window longer than this is not recorded (no backward in sight)
-_GIVE_UP = 3  # plans in a row that fail: stop planning
+_GIVE_UP = 3  # windows in a row that fail the plan (and repeat none before): stop planning
 #: windows in a row that end unplanned: stop planning (a loop's first window, forward and
 #: backward, differs from its second, update + forward + backward; the third repeats it)
 _NO_REPEAT = 4
@@ -135,7 +137,7 @@ class _State:
         self.unrepeated = 0  # windows in a row that ended with no plan
         self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
                       "idle": False, "solve_seconds": 0.0, "last_deviation": None}
-        self.previous = None  # the last unplanned window's sequence (see _shape)
+        self.previous = None  # the last window's sequence if it did not replay (_shape)
         self.depth = 0  # nested backward() calls
         self.inside = None  # the call being recorded (op, tensors)
         self._new_window()
@@ -493,18 +495,17 @@ def _step_end(st: _State, ok: bool) -> None:
     plan = st.plan
     if ok and plan is not None and st.following and len(st.calls) == len(plan.calls):
         st.stats["replayed"] += 1
-        st.failures = 0
+        st.failures, st.previous = 0, None
     elif ok and st.calls and not st.overflow:
         if plan is not None:
             if st.following:  # it ended early
                 st.stats["deviations"] += 1
-            st.failures += 1
-            st.plan = None
+            st.failures += 1  # (the plan is kept: the next window follows it again)
         shape = _shape(st.calls)
-        if shape == st.previous and st.failures < _GIVE_UP:  # the loop repeats: plan it
+        if shape == st.previous:  # the loop repeats: plan it
             st.plan = _learn(st)
             st.idle = st.stats["idle"] = _idle(st, st.plan)
-            st.unrepeated = 0
+            st.unrepeated = st.failures = 0
         st.previous = shape
     else:
         st.previous = None

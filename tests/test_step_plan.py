@@ -165,7 +165,8 @@ def test_off_switch_gives_the_per_op_choice():
 def test_a_failed_guard_is_silent_correct_and_counted():
     """A step that runs another sequence (here: another batch size, then a branch the plan
     never saw) falls back to the per-op choice, gives the values the per-op choice gives,
-    and is counted; the plan is learned again."""
+    and is counted; the next step follows the plan again (no solve for a one-off), and a
+    lasting change (the smaller batch three times) is learned anew."""
     arrays = programs.llama_batch()
     _needs_two_ranks()
     with float64(), world(2):
@@ -187,10 +188,11 @@ def test_a_failed_guard_is_silent_correct_and_counted():
                 p.grad = None
             return float(loss.item()), grads
 
-        # replayed, another batch size (a deviation), twice the same again (learned
-        # again), a branch the plan never saw (a deviation)
+        # replayed, another batch size (a deviation), twice the same again (replayed), a
+        # branch the plan never saw (a deviation), the other batch size for good (two
+        # deviations, the second repeats the first: learned; then replayed)
         sequence = [(full, False), (small, False), (full, False), (full, False),
-                    (full, True)]
+                    (full, True), (small, False), (small, False), (small, False)]
         expected = [step(*args) for args in sequence]
         ctensor.step_plan(True, always=True)
         for _ in range(WARMUP):
@@ -199,7 +201,8 @@ def test_a_failed_guard_is_silent_correct_and_counted():
         got = [step(*args) for args in sequence]
         after = ctensor.debug.step_plan()
     assert before.learned == 1 and before.deviations == 0
-    assert after.deviations == 2 and after.learned == 2, after.summary()
+    assert after.deviations == 4 and after.learned == 2, after.summary()
+    assert after.replayed == before.replayed + 4, after.summary()
     assert after.last_deviation is not None
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
         assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
@@ -326,3 +329,38 @@ def test_a_program_that_never_repeats_stops_being_recorded():
          .sum().backward())
         assert not ctensor.debug.step_plan().gave_up
         assert ctensor.stepplan._state.started
+
+
+def test_gradient_accumulation_keeps_its_plan():
+    """Four backward passes per update: the window of the update (its ops, then a forward
+    whose gradients start afresh) differs from the three that accumulate, and fails the
+    plan each time; the plan is kept, so the accumulating windows replay it and nothing is
+    solved again. The losses are the per-op choice's."""
+    _needs_two_ranks()
+
+    def run(planned):
+        ctensor.step_plan(planned, always=True)
+        ctensor.manual_seed(0)
+        model = llama(*CT)
+        mesh = ctensor.placement("cpu", [0, 1])
+        model.to_global(mesh, LLAMA_TP)
+        opt = ctensor.optim.SGD(list(model.parameters()), lr=0.1)
+        inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in programs.llama_batch()]
+        losses = []
+        for _ in range(4):
+            for _ in range(4):
+                loss = programs._loss(model, inputs)
+                loss.backward()
+                losses.append(float(loss.item()))
+            opt.step()
+            opt.zero_grad()
+        return losses, ctensor.debug.step_plan()
+
+    with float64(), world(2):
+        expected, _ = run(False)
+        got, report = run(True)
+    assert report.learned == 1 and not report.gave_up, report.summary()
+    # (learned at the third window; of the 13 after it, 10 replayed and 3 updates failed
+    # the guard; the last update, which begins a window, too)
+    assert report.deviations == 4 and report.replayed == 10, report.summary()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
