@@ -133,7 +133,7 @@ class _State:
         self.following = False
         self.always = False  # follow a plan whatever its saving (step_plan(always=True))
         self.idle = False  # the plan is not followed (see _idle): nothing to record
-        self.failures = 0  # plans in a row that failed
+        self.failures = 0  # windows in a row that failed the plan
         self.unrepeated = 0  # windows in a row that ended with no plan
         self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
                       "idle": False, "solve_seconds": 0.0, "last_deviation": None}

@@ -19,9 +19,10 @@ class StepPlanReport:
     ``learned``: windows solved; ``replayed``: windows that followed the plan to their end;
     ``deviations``: replays that a guard ended early (each fell back to the per-op choice
     for the rest of its window, silently); ``gave_up``: planning stopped after repeated
-    failures, or windows that never repeated; ``solve_seconds``: the last solve's time; ``estimated``: the cost model's
-    seconds of the planned and the per-op step; ``rows``: per call ``(index, op, per-op
-    layouts, planned layouts)`` (layouts as ``inputs -> outputs`` in S/B/P notation).
+    failures, or windows that never repeated; ``solve_seconds``: the last solve's time;
+    ``estimated``: the cost model's seconds of the planned and the per-op step; ``rows``:
+    per call ``(index, op, per-op layouts, planned layouts)`` (layouts as ``inputs ->
+    outputs`` in S/B/P notation).
     """
 
     def __init__(self, enabled, stats, plan):
