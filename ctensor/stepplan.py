@@ -20,13 +20,13 @@ the same ops every step, so ctensor learns the step and plans it:
   :meth:`ctensor.gradsync.Synchronizer.deposit`), with its destination layout. Every rank
   records the same window (layouts are global metadata);
 * **solve** — only when the loop repeats: a window that runs the same calls (ops,
-  attributes, input layouts) as the window before it is solved at its end (so a script
-  that runs one step never pays for a solve, and a training loop is planned after its
-  second or third step). :func:`ctensor.stepsolve.solve` picks every call's signature to
-  minimise the cost model's total (boxing each value once into each distinct layout its
-  consumers take, plus compute), starting from the per-op choice; a deterministic
-  function of the record, so every rank plans alike. Parameters keep their layouts
-  (moving one is priced as :mod:`ctensor.choice` prices it: never worth it);
+  attributes, input layouts) as one of the three before it is solved at its end (a script
+  of one step never pays for a solve; a loop is planned after its second or third step, a
+  period of 2-3, gradient accumulation, soon after). :func:`ctensor.stepsolve.solve` picks
+  every call's signature to minimise the cost model's total (boxing each value once into
+  each distinct layout its consumers take, plus compute), starting from the per-op choice;
+  deterministic, so every rank plans alike. Parameters keep their layouts (moving one is
+  priced as :mod:`ctensor.choice` prices it: never worth it);
 * **replay** — on the next window each call still dispatches through its own signature
   table; only the candidate the choice takes comes from the plan (through the planner's
   advisor seam, :func:`ctensor.planner.set_advisor`). A guard compares each call with the
@@ -137,7 +137,7 @@ class _State:
         self.unrepeated = 0  # windows in a row that ended with no plan
         self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
                       "idle": False, "solve_seconds": 0.0, "last_deviation": None}
-        self.previous = None  # the last window's sequence if it did not replay (_shape)
+        self.recent: list = []  # the last windows' sequences since a replay (_shape)
         self.depth = 0  # nested backward() calls
         self.inside = None  # the call being recorded (op, tensors)
         self._new_window()
@@ -495,20 +495,21 @@ def _step_end(st: _State, ok: bool) -> None:
     plan = st.plan
     if ok and plan is not None and st.following and len(st.calls) == len(plan.calls):
         st.stats["replayed"] += 1
-        st.failures, st.previous = 0, None
+        st.failures, st.recent = 0, []
     elif ok and st.calls and not st.overflow:
         if plan is not None:
             if st.following:  # it ended early
                 st.stats["deviations"] += 1
             st.failures += 1  # (the plan is kept: the next window follows it again)
         shape = _shape(st.calls)
-        if shape == st.previous:  # the loop repeats: plan it
+        if shape not in st.recent:
+            st.recent = [shape] + st.recent[:_NO_REPEAT - 2]
+        else:  # the loop repeats (a period of 1-3 windows): plan it (and forget the others)
             st.plan = _learn(st)
             st.idle = st.stats["idle"] = _idle(st, st.plan)
-            st.unrepeated = st.failures = 0
-        st.previous = shape
+            st.unrepeated, st.failures, st.recent = 0, 0, []
     else:
-        st.previous = None
+        st.recent = []
     st.unrepeated += st.plan is None
     if st.failures >= _GIVE_UP or st.unrepeated >= _NO_REPEAT:  # stop recording
         st.enabled = False
@@ -552,11 +553,10 @@ def _shape(calls: list) -> tuple:
 def _learn(st: _State) -> _Plan:
     start = time.perf_counter()
     calls = [_SolverCall(c) for c in st.calls]
-    values = [v if v[0] != "ext" else v for v in st.values]
+    values = list(st.values)
     chosen, per_op, totals = solve(calls, values, st.deposits)
     seconds = time.perf_counter() - start
-    st.stats["learned"] += 1
-    st.stats["solve_seconds"] = seconds
+    st.stats.update(learned=st.stats["learned"] + 1, solve_seconds=seconds)
     return _Plan(st.calls, values, st.deposits, chosen, per_op, totals, seconds)
 
 
