@@ -36,7 +36,8 @@ the same ops every step, so ctensor learns the step and plans it:
   (every candidate computes the same value, so nothing changes but where collectives run)
   and the deviation is counted. The next window follows the plan again (a one-off step —
   an evaluation, the epoch's short last batch, the update of gradient accumulation — costs
-  no solve); a window that repeats the one before it is learned anew. After
+  no solve); a window that repeats one before it is learned anew, or given the plan solved
+  for its sequence before (:data:`_SOLVED` are kept). After
   :data:`_GIVE_UP` windows in a row fail, the process stops planning (counted) until
   :func:`step_plan` is called again.
 
@@ -64,7 +65,7 @@ from typing import Optional
 
 from . import autograd, dispatch, gradsync, planner, runtime
 from .layout import same_shards
-from .stepsolve import solve
+from .stepsolve import SolverCall as _SolverCall, solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
@@ -78,6 +79,7 @@ _GIVE_UP = 3  # windows in a row that fail the plan (and repeat none before): st
 #: windows in a row that end unplanned: stop planning (a loop's first window, forward and
 #: backward, differs from its second, update + forward + backward; the third repeats it)
 _NO_REPEAT = 4
+_SOLVED = 8  # plans kept for the sequences they were solved for (then forgotten, all)
 #: what replaying a planned step costs per op call, on top of its dispatch (recording the
 #: call, the guard, the advice; measured here: 12-15 us on a 2-core x86 machine): a plan
 #: whose estimated saving per step is below ``calls x`` this is not followed by default
@@ -135,8 +137,9 @@ class _State:
         self.idle = False  # the plan is not followed (see _idle): nothing to record
         self.failures = 0  # windows in a row that failed the plan
         self.unrepeated = 0  # windows in a row that ended with no plan
-        self.stats = {"learned": 0, "replayed": 0, "deviations": 0, "gave_up": False,
-                      "idle": False, "solve_seconds": 0.0, "last_deviation": None}
+        self.stats = dict(learned=0, reused=0, replayed=0, deviations=0, gave_up=False,
+                          idle=False, solve_seconds=0.0, last_deviation=None)
+        self.solved: dict = {}  # window sequence (_shape) -> its plan, up to _SOLVED
         self.recent: list = []  # the last windows' sequences since a replay (_shape)
         self.depth = 0  # nested backward() calls
         self.inside = None  # the call being recorded (op, tensors)
@@ -292,7 +295,7 @@ def _record(apply, st: _State, opdef, tensors, attrs):
     if plan is not None and not _follows(plan, pos, call):
         st.following, plan = False, None
         st.stats["deviations"] += 1
-        st.stats["last_deviation"] = _deviation(st.plan, pos, call)
+        st.stats["last_deviation"] = (st.plan, pos, call, st.values)  # (stepview._why)
     # (the planner prices every candidate again while an advisor is installed: only the
     # calls where the plan differs from the per-op choice are advised after the first replay)
     advised = plan is not None and plan.advise[pos] and plan.chosen[pos].sigs is not None
@@ -417,13 +420,6 @@ def _sources(values: list, inputs: tuple) -> tuple:
     return tuple(out)
 
 
-def _deviation(plan: _Plan, pos: int, call: Call) -> tuple:
-    """What :func:`ctensor.stepview.report` words a failed guard from (its ``_why``)."""
-    rec = plan.calls[pos] if pos < len(plan.calls) else None
-    return (pos, call, _sources(_state.values, call.inputs), len(plan.calls), rec,
-            rec and plan.expected[pos], rec and _sources(plan.values, rec.inputs))
-
-
 def _advisor(opcall, choice):
     """The planner's advisor while a planned call runs: the plan's signature per axis
     (asked before any inner call of the op can run; it answers the one call only, and
@@ -475,17 +471,6 @@ def _observed_backward(backward):
     return observed_backward
 
 
-class _SolverCall:
-    """What the solver reads of a recorded call."""
-
-    __slots__ = ("opdef", "attrs", "layouts", "targets", "outs", "fixed", "inputs")
-
-    def __init__(self, call: Call):
-        self.opdef, self.attrs, self.layouts = call.opdef, call.attrs, call.layouts
-        self.targets, self.outs, self.fixed = call.targets, call.outs, call.fixed
-        self.inputs = None if call.transparent else call.inputs
-
-
 def _step_end(st: _State, ok: bool) -> None:
     if not st.enabled or not st.started:
         return
@@ -502,10 +487,10 @@ def _step_end(st: _State, ok: bool) -> None:
                 st.stats["deviations"] += 1
             st.failures += 1  # (the plan is kept: the next window follows it again)
         shape = _shape(st.calls)
-        if shape not in st.recent:
+        if shape not in st.recent and shape not in st.solved:
             st.recent = [shape] + st.recent[:_NO_REPEAT - 2]
-        else:  # the loop repeats (a period of 1-3 windows): plan it (and forget the others)
-            st.plan = _learn(st)
+        else:  # the loop repeats (a period of 1-3 windows), or a solved kind of step is back
+            st.plan = _learn(st, shape)
             st.idle = st.stats["idle"] = _idle(st, st.plan)
             st.unrepeated, st.failures, st.recent = 0, 0, []
     else:
@@ -550,14 +535,22 @@ def _shape(calls: list) -> tuple:
     return tuple((c.opdef, c.attrs_key, c.layouts) for c in calls)
 
 
-def _learn(st: _State) -> _Plan:
+def _learn(st: _State, shape: tuple) -> _Plan:
+    """The window's plan: the one solved for this sequence before (each kind of step of a
+    loop that alternates between kinds is solved once), or solved now."""
+    if shape in st.solved:
+        st.stats["reused"] += 1
+        return st.solved[shape]
     start = time.perf_counter()
-    calls = [_SolverCall(c) for c in st.calls]
     values = list(st.values)
-    chosen, per_op, totals = solve(calls, values, st.deposits)
+    chosen, per_op, totals = solve([_SolverCall(c) for c in st.calls], values, st.deposits)
     seconds = time.perf_counter() - start
     st.stats.update(learned=st.stats["learned"] + 1, solve_seconds=seconds)
-    return _Plan(st.calls, values, st.deposits, chosen, per_op, totals, seconds)
+    if len(st.solved) >= _SOLVED:
+        st.solved.clear()
+    plan = _Plan(st.calls, values, st.deposits, chosen, per_op, totals, seconds)
+    st.solved[shape] = plan
+    return plan
 
 
 def _observed_deposit(deposit):

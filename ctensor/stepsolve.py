@@ -46,7 +46,7 @@ from .gradsync import _reduction, bucket_size
 from .layout import Layout
 from .sbp import Broadcast, partial_sum
 
-__all__ = ["solve", "options_of"]
+__all__ = ["solve", "options_of", "SolverCall"]
 
 _MAX_OPTIONS = 16  # per call: beyond this many per-axis combinations, one axis at a time
 _CASCADE = 24  # calls re-chosen by one move at most
@@ -146,6 +146,19 @@ def _recorded_pick(cands, axis, call):
         if best is None or moved < best_moved:
             best, best_moved = p, moved
     return best
+
+
+class SolverCall:
+    """What the solver reads of a recorded call (:class:`ctensor.stepplan.Call`): its op,
+    attributes, input layouts, the layouts it ran in, whether they are fixed, and the values
+    it takes (None for a composite, whose inner calls take them)."""
+
+    __slots__ = ("opdef", "attrs", "layouts", "targets", "outs", "fixed", "inputs")
+
+    def __init__(self, call):
+        self.opdef, self.attrs, self.layouts = call.opdef, call.attrs, call.layouts
+        self.targets, self.outs, self.fixed = call.targets, call.outs, call.fixed
+        self.inputs = None if call.transparent else call.inputs
 
 
 class _Problem:

@@ -16,7 +16,8 @@ class StepPlanReport:
     """What the step plan did (``ct.debug.step_plan()``): counters, and per planned call
     where the plan's layouts differ from the per-op choice's.
 
-    ``learned``: windows solved; ``replayed``: windows that followed the plan to their end;
+    ``learned``: windows solved; ``reused``: windows given the plan solved before for the
+    same sequence; ``replayed``: windows that followed the plan to their end;
     ``deviations``: replays that a guard ended early (each fell back to the per-op choice
     for the rest of its window, silently); ``gave_up``: planning stopped after repeated
     failures, or windows that never repeated; ``solve_seconds``: the last solve's time;
@@ -28,12 +29,13 @@ class StepPlanReport:
     def __init__(self, enabled, stats, plan):
         self.enabled = enabled
         self.learned, self.replayed = stats["learned"], stats["replayed"]
+        self.reused = stats["reused"]
         self.deviations, self.gave_up = stats["deviations"], stats["gave_up"]
         self.idle = stats["idle"]
         self.solve_seconds = stats["solve_seconds"]
-        last = stats["last_deviation"]  # (see stepplan._deviation)
+        last = stats["last_deviation"]  # (plan, position, call, the window's values)
         self.last_deviation = None if last is None else \
-            (last[0], last[1].opdef.name, _why(*last))
+            (last[1], last[2].opdef.name, _why(*last))
         self.calls = len(plan.calls) if plan is not None else 0
         self.estimated = plan.totals if plan is not None else None
         self.rows = _rows(plan) if plan is not None else []
@@ -45,7 +47,8 @@ class StepPlanReport:
 
     def summary(self, all_calls: bool = False) -> str:
         head = (f"step plan: {'on' if self.enabled else 'off'}; {self.calls} calls, learned "
-                f"{self.learned}, replayed {self.replayed}, deviations {self.deviations}"
+                f"{self.learned}{f' (reused {self.reused})' if self.reused else ''}, "
+                f"replayed {self.replayed}, deviations {self.deviations}"
                 f"{', gave up' if self.gave_up else ''}"
                 f"{_IDLE[self.idle] if self.idle else ''}")
         if self.estimated is not None:
@@ -74,11 +77,14 @@ def _rows(plan) -> list:
     return plan.rows
 
 
-def _why(pos: int, call, sources: tuple, n: int, rec, expected, rec_sources) -> str:
+def _why(plan, pos: int, call, values: list) -> str:
     """What differs at a failed guard, in words (``ct.debug.step_plan().last_deviation``):
-    from :func:`ctensor.stepplan._deviation`'s record of it."""
-    if rec is None:
-        return f"the plan has {n} calls; this is one more"
+    call ``pos`` of the window whose ``values`` were recorded, against ``plan``."""
+    if pos >= len(plan.calls):
+        return f"the plan has {len(plan.calls)} calls; this is one more"
+    rec, expected = plan.calls[pos], plan.expected[pos]
+    sources = stepplan._sources(values, call.inputs)
+    rec_sources = stepplan._sources(plan.values, rec.inputs)
     if rec.opdef is not call.opdef:
         return f"the plan has {rec.opdef.name} here"
     if rec.attrs_key != call.attrs_key:

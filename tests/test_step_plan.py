@@ -203,7 +203,7 @@ def test_a_failed_guard_is_silent_correct_and_counted():
     assert before.learned == 1 and before.deviations == 0
     assert after.deviations == 4 and after.learned == 2, after.summary()
     assert after.replayed == before.replayed + 4, after.summary()
-    assert after.last_deviation is not None
+    assert after.last_deviation is not None and "input layouts" in after.last_deviation[2]
     for (loss, grads), (ref_loss, ref_grads) in zip(got, expected):
         assert abs(loss - ref_loss) <= 1e-12 * abs(ref_loss)
         for name, g in ref_grads.items():
@@ -367,4 +367,40 @@ def test_gradient_accumulation_keeps_its_plan(micro):
     # (it repeats the second); of the 4 after it, 2 replayed, 2 failed, and the last update
     assert (report.deviations, report.replayed) == ((4, 10) if micro == 4 else (3, 2)), \
         report.summary()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_a_loop_that_alternates_solves_each_kind_of_step_once():
+    """Blocks of steps of two batch sizes, in turn: each size's window is solved the first
+    time it repeats; when its block comes back, its first window fails the other plan and
+    the next ones replay its own (no solve). The values are the per-op choice's."""
+    _needs_two_ranks()
+    arrays = programs.llama_batch()
+
+    def run(planned):
+        ctensor.step_plan(planned, always=True)
+        ctensor.manual_seed(0)
+        model = llama(*CT)
+        mesh = ctensor.placement("cpu", [0, 1])
+        model.to_global(mesh, LLAMA_TP)
+        batches = [[ctensor.tensor(a[:n]).to_global(mesh, (B,)) for a in arrays]
+                   for n in (4, 2)]
+        losses = []
+        for block in range(4):
+            for _ in range(3):
+                loss = programs._loss(model, batches[block % 2])
+                loss.backward()
+                losses.append(float(loss.item()))
+                for p in model.parameters():
+                    p.grad = None
+        return losses, ctensor.debug.step_plan()
+
+    with float64(), world(2):
+        expected, _ = run(False)
+        got, report = run(True)
+    # (4 blocks of 3: learned at the 2nd and 5th windows, reused at the 7th and 10th; the
+    # 4th, 5th, 7th and 10th fail the plan they start with; the other 6 after the 2nd replay)
+    assert report.learned == 2 and report.reused == 2, report.summary()
+    assert report.deviations == 4 and report.replayed == 6, report.summary()
+    assert "reused 2" in report.summary()
     np.testing.assert_allclose(got, expected, rtol=1e-12)
