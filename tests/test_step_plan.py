@@ -331,6 +331,16 @@ def test_a_program_that_never_repeats_stops_being_recorded():
         assert ctensor.stepplan._state.started
 
 
+def _llama_tp(planned: bool):
+    """The Llama laid out by LLAMA_TP on ranks 0 and 1, the step plan on (followed) or off."""
+    ctensor.step_plan(planned, always=True)
+    ctensor.manual_seed(0)
+    model = llama(*CT)
+    mesh = ctensor.placement("cpu", [0, 1])
+    model.to_global(mesh, LLAMA_TP)
+    return model, mesh
+
+
 @pytest.mark.parametrize("micro", [2, 4])
 def test_gradient_accumulation_keeps_its_plan(micro):
     """``micro`` backward passes per update: the first window after an update (gradients
@@ -341,11 +351,7 @@ def test_gradient_accumulation_keeps_its_plan(micro):
     _needs_two_ranks()
 
     def run(planned):
-        ctensor.step_plan(planned, always=True)
-        ctensor.manual_seed(0)
-        model = llama(*CT)
-        mesh = ctensor.placement("cpu", [0, 1])
-        model.to_global(mesh, LLAMA_TP)
+        model, mesh = _llama_tp(planned)
         opt = ctensor.optim.SGD(list(model.parameters()), lr=0.1)
         inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in programs.llama_batch()]
         losses = []
@@ -378,11 +384,7 @@ def test_a_loop_that_alternates_solves_each_kind_of_step_once():
     arrays = programs.llama_batch()
 
     def run(planned):
-        ctensor.step_plan(planned, always=True)
-        ctensor.manual_seed(0)
-        model = llama(*CT)
-        mesh = ctensor.placement("cpu", [0, 1])
-        model.to_global(mesh, LLAMA_TP)
+        model, mesh = _llama_tp(planned)
         batches = [[ctensor.tensor(a[:n]).to_global(mesh, (B,)) for a in arrays]
                    for n in (4, 2)]
         losses = []
