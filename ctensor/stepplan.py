@@ -538,17 +538,18 @@ def _shape(calls: list) -> tuple:
 def _learn(st: _State, shape: tuple) -> _Plan:
     """The window's plan: the one solved for this sequence before (each kind of step of a
     loop that alternates between kinds is solved once), or solved now."""
-    if shape in st.solved:
+    plan = st.solved.get(shape)
+    if plan is not None:
         st.stats["reused"] += 1
-        return st.solved[shape]
+        return plan
     start = time.perf_counter()
-    values = list(st.values)
-    chosen, per_op, totals = solve([_SolverCall(c) for c in st.calls], values, st.deposits)
+    chosen, per_op, totals = solve([_SolverCall(c) for c in st.calls], st.values, st.deposits)
     seconds = time.perf_counter() - start
     st.stats.update(learned=st.stats["learned"] + 1, solve_seconds=seconds)
     if len(st.solved) >= _SOLVED:
         st.solved.clear()
-    plan = _Plan(st.calls, values, st.deposits, chosen, per_op, totals, seconds)
+    # (the window's own lists: the next window starts new ones)
+    plan = _Plan(st.calls, st.values, st.deposits, chosen, per_op, totals, seconds)
     st.solved[shape] = plan
     return plan
 

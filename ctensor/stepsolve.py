@@ -321,37 +321,35 @@ class _Sync:
         return cost_model.collective(kind, group, 0, placement.device)
 
     def changed(self, values, layout_of) -> tuple:
-        """``(change of the buckets' latency, the new buckets of values)`` were ``values``
-        (gradients among them) in their current layouts: buckets emptied or started (the
-        solver's move touches a few gradients; :meth:`fixed` counts them all)."""
-        moved = {}
+        """``(change of the buckets' latency, the move)`` were ``values`` (gradients among
+        them) in their current layouts: buckets emptied or started (the solver's move
+        touches a few gradients; :meth:`fixed` counts them all). The move (each moved
+        gradient's new bucket, and the change of members per bucket) is :meth:`join`'s."""
+        moved, count = {}, {}
         for v in values:
             if v in self.target:
                 key = self.key(layout_of(v), self.target[v])
                 if key != self.joined[v]:
                     moved[v] = key
-        if not moved:
-            return 0.0, moved
-        count = {}
-        for v, key in moved.items():
-            for k, n in ((self.joined[v], -1), (key, 1)):
-                if k is not None:
-                    count[k] = count.get(k, 0) + n
+                    for k, n in ((self.joined[v], -1), (key, 1)):
+                        if k is not None:
+                            count[k] = count.get(k, 0) + n
         delta = 0.0
         for key, n in count.items():
             had = self.members.get(key, 0)
             delta += self.latency(key) * ((had + n > 0) - (had > 0))
-        return delta, moved
+        return delta, (moved, count)
 
-    def join(self, moved: dict) -> None:
-        """Keep what :meth:`changed` found (the move was taken)."""
-        for v, key in moved.items():
-            for k, n in ((self.joined[v], -1), (key, 1)):
-                if k is not None:
-                    self.members[k] = self.members.get(k, 0) + n
-                    if not self.members[k]:
-                        del self.members[k]
-            self.joined[v] = key
+    def join(self, move: tuple) -> None:
+        """Keep a move :meth:`changed` priced (the solver took it)."""
+        moved, count = move
+        self.joined.update(moved)
+        for key, n in count.items():
+            left = self.members.get(key, 0) + n
+            if left:
+                self.members[key] = left
+            else:
+                self.members.pop(key, None)
 
 
 def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
@@ -389,12 +387,12 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
     new_edges = {v: p.edge_cost(v) for v in touched}
     delta = sum(p.opts[j][p.cur[j]].compute - p.opts[j][was].compute for j, was in old.items())
     delta += sum(new_edges[v] - p.edge[v] for v in touched)
-    change, moved = p.sync.changed(touched, p.layout)
+    change, move = p.sync.changed(touched, p.layout)
     delta += change
     if delta < -_TOL:
         for v, c in new_edges.items():
             p.edge[v] = c
-        p.sync.join(moved)
+        p.sync.join(move)
         p.fixed += change
         return True
     for j, was in old.items():
