@@ -199,7 +199,7 @@ class _Problem:
                 self.moves[v].append(self.opts[val[1]][self.cur[val[1]]].outs[val[2]])
         self._box_cost: dict = {}
         self.edge = [self.edge_cost(v) for v in range(len(values))]
-        self.fixed = self.sync.fixed(self.layout)
+        self.sync.fixed(self.layout)  # (notes each gradient's bucket, for _Sync.changed)
 
     def layout(self, v):
         val = self.values[v]
@@ -393,7 +393,6 @@ def _try(problem: _Problem, seeds: list, lookahead: bool) -> bool:
         for v, c in new_edges.items():
             p.edge[v] = c
         p.sync.join(move)
-        p.fixed += change
         return True
     for j, was in old.items():
         p.cur[j] = was
