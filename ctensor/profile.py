@@ -23,6 +23,10 @@ innermost region that is open, exclusive time):
   others to reach the same collective, plus one tiny message's latency;
 * **optimizer**: anything inside ``Optimizer.step`` (or a ``profile.phase("optimizer")``
   such as gradient clipping), except its collectives;
+* **step plan**: the step plan's own work (:mod:`ctensor.stepplan`): recording a call and
+  following the plan around it (the op itself is charged as above), and the solve at the
+  end of the window that learns a plan (a one-off, tens to hundreds of milliseconds: it
+  used to land in **rest** and read as the training loop's own cost);
 * **rest**: outside any op: the model's Python code, data loading, the training loop.
 
 In a simulation one process holds every rank, so there is one row, the collectives are
@@ -39,7 +43,8 @@ import time
 __all__ = ["profile", "phase", "COLUMNS"]
 
 from . import timing
-from .timing import BOXING, BWD, COLL, COLUMNS, DISPATCH, FWD, OPT, REST, WAIT, phase  # noqa: F401
+from .timing import (BOXING, BWD, COLL, COLUMNS, DISPATCH, FWD, OPT, PLAN, REST,  # noqa: F401
+                     WAIT, phase)
 
 _clock = time.perf_counter
 
@@ -142,7 +147,8 @@ class profile:
         head = f"{'rank':<8}" + "".join(f"{c:>12}" for c in ("fwd kernel", "bwd kernel",
                                                               "dispatch", "boxing",
                                                               "collective", "waiting",
-                                                              "optimizer", "rest", "total"))
+                                                              "optimizer", "step plan",
+                                                              "rest", "total"))
         unit = "ms per step" if all(r["steps"] for r in rows) else "ms in all"
         lines = [f"step profile ({unit}; {rows[0]['steps']} steps, "
                  f"{max(r['counted'] for r in rows):,} regions timed on the busiest rank)",

@@ -64,8 +64,9 @@ import weakref
 from typing import Optional
 
 from . import autograd, dispatch, gradsync, planner, runtime
+from . import timing as _profile
 from .layout import same_shards
-from .stepsolve import SolverCall as _SolverCall, solve
+from .stepsolve import SolverCall as _SolverCall, same_choice, solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
@@ -255,10 +256,13 @@ def _observed(apply):
         if inside is not None and inside[0] is opdef and inside[1] is tensors:
             return apply(opdef, tensors, attrs)  # the same call, re-entered (the profiler)
         st.inside = (opdef, tensors)
+        own = _profile.on and _profile.enter(_profile.PLAN, "step plan")  # (the op: inside)
         try:
             return _record(apply, st, opdef, tensors, attrs)
         finally:
             st.inside = inside
+            if own:
+                _profile.leave()
 
     observed_apply.__wrapped__ = apply
     return observed_apply
@@ -509,24 +513,12 @@ def _idle(st: _State, plan: _Plan):
     per-op choice does (a data-parallel step, say); ``"small"`` where its estimated saving
     per step does not pay for replaying it (unless ``always``). Either way recording stops,
     so the loop pays nothing for the step plan from there on."""
-    if all(_same(c, p, q) for c, p, q in zip(st.calls, plan.per_op, plan.chosen)):
+    if all(same_choice(c, p, q) for c, p, q in zip(st.calls, plan.per_op, plan.chosen)):
         return "same"
     planned, per_op = plan.totals
     if not st.always and per_op - planned <= len(plan.calls) * REPLAY_SECONDS_PER_CALL:
         return "small"
     return False
-
-
-def _same(call: Call, per_op, chosen) -> bool:
-    """Whether the plan runs ``call`` as the per-op choice does, where it matters: the same
-    signature on every mesh axis of more than one rank (on an axis of one, split, broadcast
-    and partial hold the same data)."""
-    if chosen is per_op or chosen.sigs is None or per_op.sigs is None:
-        return True
-    mesh = call.layouts[0].placement.shape if call.layouts else ()
-    return all(a is b or (a.inputs, a.outputs) == (b.inputs, b.outputs) or
-               (axis < len(mesh) and mesh[axis] == 1)
-               for axis, (a, b) in enumerate(zip(per_op.sigs, chosen.sigs)))
 
 
 def _shape(calls: list) -> tuple:
@@ -543,7 +535,13 @@ def _learn(st: _State, shape: tuple) -> _Plan:
         st.stats["reused"] += 1
         return plan
     start = time.perf_counter()
-    chosen, per_op, totals = solve([_SolverCall(c) for c in st.calls], st.values, st.deposits)
+    own = _profile.on and _profile.enter(_profile.PLAN, "step plan solve")
+    try:
+        chosen, per_op, totals = solve([_SolverCall(c) for c in st.calls], st.values,
+                                       st.deposits)
+    finally:
+        if own:
+            _profile.leave()
     seconds = time.perf_counter() - start
     st.stats.update(learned=st.stats["learned"] + 1, solve_seconds=seconds)
     if len(st.solved) >= _SOLVED:

@@ -46,7 +46,7 @@ from .gradsync import _reduction, bucket_size
 from .layout import Layout
 from .sbp import Broadcast, partial_sum
 
-__all__ = ["solve", "options_of", "SolverCall"]
+__all__ = ["solve", "options_of", "same_choice", "SolverCall"]
 
 _MAX_OPTIONS = 16  # per call: beyond this many per-axis combinations, one axis at a time
 _CASCADE = 24  # calls re-chosen by one move at most
@@ -146,6 +146,18 @@ def _recorded_pick(cands, axis, call):
         if best is None or moved < best_moved:
             best, best_moved = p, moved
     return best
+
+
+def same_choice(call, per_op, chosen) -> bool:
+    """Whether the plan runs the recorded ``call`` as the per-op choice does, where it
+    matters: the same signature on every mesh axis of more than one rank (on an axis of
+    one, split, broadcast and partial hold the same data)."""
+    if chosen is per_op or chosen.sigs is None or per_op.sigs is None:
+        return True
+    mesh = call.layouts[0].placement.shape if call.layouts else ()
+    return all(a is b or (a.inputs, a.outputs) == (b.inputs, b.outputs) or
+               (axis < len(mesh) and mesh[axis] == 1)
+               for axis, (a, b) in enumerate(zip(per_op.sigs, chosen.sigs)))
 
 
 class SolverCall:

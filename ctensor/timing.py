@@ -10,8 +10,8 @@ __all__ = ["COLUMNS", "phase", "on"]
 
 #: the table's columns, in order
 COLUMNS = ("forward kernels", "backward kernels", "dispatch/tape", "boxing copies",
-           "collectives", "waiting", "optimizer", "rest")
-FWD, BWD, DISPATCH, BOXING, COLL, WAIT, OPT, REST = range(8)
+           "collectives", "waiting", "optimizer", "step plan", "rest")
+FWD, BWD, DISPATCH, BOXING, COLL, WAIT, OPT, PLAN, REST = range(9)
 
 #: True while a profile is open (the one flag the hooks test)
 on = False
@@ -57,7 +57,8 @@ def kernel_enter(opdef) -> bool:
 
 
 def enter(kind: int, name: str) -> bool:
-    """Open a region of column ``kind`` (BOXING, COLL, WAIT); close it with :func:`leave`."""
+    """Open a region of column ``kind`` (BOXING, COLL, WAIT, PLAN); close it with
+    :func:`leave`."""
     p = _active
     if p is None:
         return False

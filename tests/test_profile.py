@@ -67,6 +67,27 @@ def test_columns_add_up_and_name_the_work():
         assert lines[-1].startswith("share") and lines[-1].endswith("100%")
 
 
+def test_the_step_plan_has_its_own_column():
+    """Recording a step and the solve that learns its plan are charged to "step plan" (the
+    solve, a one-off of tens of milliseconds, used to read as "rest": the loop's own
+    code); the steps after the plan is learned record nothing there."""
+    with world(2):
+        ct.stepplan.reset()
+        with ct.debug.profile() as prof:
+            _train(4, prof, foreach=None)  # (one op per parameter: its step attribute
+        report = ct.debug.step_plan()      # differs every step, so the loop never repeats)
+        assert report.learned == 1 and report.idle  # (a data-parallel MLP: idle, "same")
+        totals = dict(zip(COLUMNS, prof.totals))
+        assert totals["step plan"] > 0
+        solves = [e for e in prof.events if e[0] == "step plan solve"]
+        assert len(solves) == 1 and COLUMNS[solves[0][1]] == "step plan"
+        assert solves[0][3] == pytest.approx(report.solve_seconds, rel=0.5, abs=2e-3)
+        assert "step plan" in prof.table().splitlines()[1]
+        with ct.debug.profile() as later:  # learned and idle: nothing recorded any more
+            _train(2, later, foreach=None)
+        assert later.totals[COLUMNS.index("step plan")] == 0
+
+
 def test_chrome_trace_one_row_per_rank():
     with world(2):
         with ct.debug.profile() as prof:
@@ -136,7 +157,7 @@ def test_train_py_profile_prints_the_table_and_writes_the_trace(capsys):
     d = os.environ.get("CTENSOR_TEST_TMP") or tempfile.mkdtemp()
     path = os.path.join(d, "train_profile.json")
     args = ["--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8",
-            "--global-batch", "4", "--steps", "4", "--no-progress", "--profile", path]
+            "--global-batch", "4", "--steps", "5", "--no-progress", "--profile", path]
     if MPI_MODE:
         if ct.world_size() != 2:
             pytest.skip("needs exactly 2 ranks")

@@ -125,7 +125,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", help="write the loss curve to this PNG (needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--profile", metavar="TRACE.json",
-                   help="profile the steps after the first two (ct.debug.profile): print "
+                   help="profile the steps after the first three (ct.debug.profile): print "
                         "where their time goes per rank and write a Chrome trace here")
     add_memory_options(p)
     p.add_argument("--track-memory", action="store_true",
@@ -327,8 +327,9 @@ def main(a) -> list:
     t_start = time.perf_counter()
     prof = ct.debug.profile() if a.profile else None
     for step in range(start_step, a.steps):
-        if prof is not None and step == min(start_step + 2, a.steps - 1):
-            prof.__enter__()  # (after the warm-up steps: plans, caches, connections)
+        if prof is not None and step == min(start_step + 3, a.steps - 1):
+            prof.__enter__()  # (after the warm-up: the step plan learns at the end of the
+            # third step at the latest; signature caches, connections)
         t0 = time.perf_counter()
         xb, yb = corpus.batch(rng, a.global_batch, a.seq_len)
         # every rank draws the same batch from the same seeded generator: ct.tensor checks
