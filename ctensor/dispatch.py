@@ -101,13 +101,14 @@ class OpDef:
 
     __slots__ = ("name", "kernel", "meta", "signatures", "backward", "needs_ctx",
                  "n_outputs", "composite", "grads", "fixed_layout", "flops", "view", "per_axis",
-                 "saves", "__weakref__")
+                 "saves", "value_attrs", "__weakref__")
 
     def __init__(self, name: str, kernel: Callable, meta: Callable, signatures: Callable,
                  backward: Optional[Callable] = None, needs_ctx: bool = False,
                  n_outputs: int = 1, composite: Optional[Callable] = None,
                  fixed_layout: Optional[Callable] = None, flops: Optional[Callable] = None,
-                 view: bool = False, per_axis: bool = False, saves=None):
+                 view: bool = False, per_axis: bool = False, saves=None,
+                 value_attrs: frozenset = frozenset()):
         self.name = name
         self.kernel = kernel
         self.meta = meta
@@ -124,6 +125,9 @@ class OpDef:
         # which values the backward reads: input indices and/or "outputs" (None: all of
         # them); an in-place write to one of them before the backward is an error
         self.saves = saves
+        # attributes only the kernel reads (an optimizer's learning rate and step count):
+        # no signature depends on them, so a step whose calls differ in them alone repeats
+        self.value_attrs = value_attrs
         self.grads: dict[str, OpDef] = {}
 
     def __call__(self, *inputs, **attrs):
@@ -246,7 +250,7 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
           composite: Optional[Callable] = None, fixed_layout: Optional[Callable] = None,
           flops: Optional[Callable] = None, view: bool = False, per_axis: bool = False,
           saves=None, method=False, keyword_error: Optional[Callable] = None,
-          forwards: bool = False) -> Callable:
+          forwards: bool = False, value_attrs=()) -> Callable:
     """Declare an op (see the module docstring): decorates its front and returns the public
     function, which carries the OpDef as ``.op`` (``None`` for an op without a kernel).
 
@@ -264,6 +268,9 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     unknown keyword (the families pass PyTorch's wording, ``ops/_rules.py``). ``forwards=True``:
     the front is ``def front(op, x): return op(x)`` or ``(op, a, b): return op(a, b)``, so
     the public function dispatches directly (the hottest ops: arithmetic, unary math).
+    ``value_attrs`` names attributes that only the kernel reads (no signature, meta or cost
+    depends on them: an optimizer's learning rate and step): the step plan
+    (:mod:`ctensor.stepplan`) compares a loop's steps without them.
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__
@@ -280,7 +287,8 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
                 raise TypeError(f"defop({opname!r}): a kernel needs meta and signatures "
                                 f"(or a fixed_layout)")
             opdef = OpDef(opname, kernel, meta, signatures, backward, needs_ctx, n_outputs,
-                          composite, fixed_layout, flops, view, per_axis, saves)
+                          composite, fixed_layout, flops, view, per_axis, saves,
+                          frozenset(value_attrs))
             public = _public(front, opdef, keyword_error, forwards)
         public.__name__ = opname
         public.op = opdef  # type: ignore[attr-defined]

@@ -20,9 +20,9 @@ the same ops every step, so ctensor learns the step and plans it:
   :meth:`ctensor.gradsync.Synchronizer.deposit`), with its destination layout. Every rank
   records the same window (layouts are global metadata);
 * **solve** — only when the loop repeats: a window that runs the same calls (ops,
-  attributes, input layouts) as one of the three before it is solved at its end (a script
-  of one step never pays for a solve; a loop is planned after its second or third step, a
-  period of 2-3, gradient accumulation, soon after). :func:`ctensor.stepsolve.solve` picks
+  attributes but an op's ``value_attrs``, input layouts) as one of the three before it is
+  solved at its end (a script of one step never pays for a solve; a loop is planned after
+  its second or third step, a period of 2-3, gradient accumulation, soon after). :func:`ctensor.stepsolve.solve` picks
   every call's signature to minimise the cost model's total (boxing each value once into
   each distinct layout its consumers take, plus compute), starting from the per-op choice;
   deterministic, so every rank plans alike. Parameters keep their layouts (moving one is
@@ -291,7 +291,9 @@ def _record(apply, st: _State, opdef, tensors, attrs):
         for t in tensors])
     # (which inputs need a gradient decides what is recorded: only while grad mode is on)
     req = tuple([t.requires_grad for t in tensors]) if autograd.grad_mode.enabled else ()
-    attrs_key = planner._attrs_key(attrs) if attrs else ()
+    free = opdef.value_attrs  # (read by the kernel only: the loop repeats whatever they are)
+    attrs_key = planner._attrs_key({k: v for k, v in attrs.items() if k not in free} if free
+                                   else attrs) if attrs else ()
     pos = len(st.calls)
     call = Call(opdef, attrs_key, attrs, layouts, inputs, req, None, None, False)
     st.calls.append(call)

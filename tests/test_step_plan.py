@@ -406,3 +406,35 @@ def test_a_loop_that_alternates_solves_each_kind_of_step_once():
     assert report.deviations == 4 and report.replayed == 6, report.summary()
     assert "reused 2" in report.summary()
     np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_an_optimizer_whose_learning_rate_changes_every_step_keeps_the_loop_repeating():
+    """AdamW one parameter at a time (``foreach=False``: one ``fused_adam`` call each) under
+    a schedule: every step's calls differ in the learning rate and the step count, which
+    only the kernel reads (``value_attrs``), so the loop still repeats: learned once and
+    replayed (it used to never repeat and be given up after four windows). The values are
+    the per-op choice's."""
+    _needs_two_ranks()
+    inputs_of = programs.llama_batch()
+
+    def run(planned):
+        model, mesh = _llama_tp(planned)
+        opt = ctensor.optim.AdamW(list(model.parameters()), lr=1e-2, foreach=False)
+        schedule = ctensor.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+        inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in inputs_of]
+        losses = []
+        for _ in range(6):
+            loss = programs._loss(model, inputs)
+            loss.backward()
+            losses.append(float(loss.item()))
+            opt.step()
+            opt.zero_grad()
+            schedule.step()
+        return losses, ctensor.debug.step_plan()
+
+    with float64(), world(2):
+        expected, _ = run(False)
+        got, report = run(True)
+    assert report.learned == 1 and not report.gave_up, report.summary()
+    assert report.replayed >= 2 and report.deviations == 0, report.summary()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)

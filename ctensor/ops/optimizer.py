@@ -52,7 +52,8 @@ def _signatures(layouts, **_):
     return [sig([B] * 4, (B, B, B))] + [sig([S(d)] * 4, (S(d),) * 3) for d in range(ndim)]
 
 
-@defop(kernel=_kernel, meta=_meta, signatures=_signatures, n_outputs=3)
+@defop(kernel=_kernel, meta=_meta, signatures=_signatures, n_outputs=3,
+       value_attrs=("lr", "beta1", "beta2", "eps", "weight_decay", "step"))
 def fused_adam(op, param, grad, exp_avg, exp_avg_sq, *, lr: float, beta1: float,
                beta2: float, eps: float, weight_decay: float = 0.0, decoupled: bool = True,
                step: int = 1):
