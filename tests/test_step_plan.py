@@ -341,6 +341,23 @@ def _llama_tp(planned: bool):
     return model, mesh
 
 
+def _updates(model, mesh, opt, updates: int, micro: int, schedule=None):
+    """``updates`` optimizer steps of ``micro`` backward passes each over the Llama batch:
+    the losses and the step plan's report."""
+    inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in programs.llama_batch()]
+    losses = []
+    for _ in range(updates):
+        for _ in range(micro):
+            loss = programs._loss(model, inputs)
+            loss.backward()
+            losses.append(float(loss.item()))
+        opt.step()
+        opt.zero_grad()
+        if schedule is not None:
+            schedule.step()
+    return losses, ctensor.debug.step_plan()
+
+
 @pytest.mark.parametrize("micro", [2, 4])
 def test_gradient_accumulation_keeps_its_plan(micro):
     """``micro`` backward passes per update: the first window after an update (gradients
@@ -353,16 +370,7 @@ def test_gradient_accumulation_keeps_its_plan(micro):
     def run(planned):
         model, mesh = _llama_tp(planned)
         opt = ctensor.optim.SGD(list(model.parameters()), lr=0.1)
-        inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in programs.llama_batch()]
-        losses = []
-        for _ in range(4):
-            for _ in range(micro):
-                loss = programs._loss(model, inputs)
-                loss.backward()
-                losses.append(float(loss.item()))
-            opt.step()
-            opt.zero_grad()
-        return losses, ctensor.debug.step_plan()
+        return _updates(model, mesh, opt, 4, micro)
 
     with float64(), world(2):
         expected, _ = run(False)
@@ -415,22 +423,12 @@ def test_an_optimizer_whose_learning_rate_changes_every_step_keeps_the_loop_repe
     replayed (it used to never repeat and be given up after four windows). The values are
     the per-op choice's."""
     _needs_two_ranks()
-    inputs_of = programs.llama_batch()
 
     def run(planned):
         model, mesh = _llama_tp(planned)
         opt = ctensor.optim.AdamW(list(model.parameters()), lr=1e-2, foreach=False)
         schedule = ctensor.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
-        inputs = [ctensor.tensor(a).to_global(mesh, (B,)) for a in inputs_of]
-        losses = []
-        for _ in range(6):
-            loss = programs._loss(model, inputs)
-            loss.backward()
-            losses.append(float(loss.item()))
-            opt.step()
-            opt.zero_grad()
-            schedule.step()
-        return losses, ctensor.debug.step_plan()
+        return _updates(model, mesh, opt, 6, 1, schedule)
 
     with float64(), world(2):
         expected, _ = run(False)
