@@ -13,7 +13,11 @@ training step's the median of its steps (as ``benchmarks/predict.py`` measures):
   keyed by their arithmetic intensity (FLOPs per byte touched); ``peak_flops_fp32`` is the
   largest rate, ``peak_flops`` a float16 square GEMM's;
 * ``memory_bandwidth``: bytes read plus written per second of NumPy's elementwise add over
-  float32 operands of 4 MiB (the cost model's byte count: inputs plus outputs);
+  float32 operands of :data:`STREAM_BYTES` (the cost model's byte count: inputs plus
+  outputs), larger than the last-level cache: memory's rate, not the cache's (4 MiB
+  operands measured a 32 MiB L3 at 110-127 GB/s against memory's 41-45, and priced the
+  LayerNorms, GELUs and embeddings under :data:`MIN_KERNEL` a call, so their own
+  efficiencies were not measured and ``benchmarks/predict.py`` fell to 1 of 7 within 15%);
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
   clip, AdamW) of a GPT so small (d = 8) that its kernels cost nothing: the step's measured
   time, less its kernels' price, over the ops a shape-only trace of it counts;
@@ -190,6 +194,11 @@ def gemm_curve(dtype, repeats: int, sizes=GEMM_SIZES, rows: int = GEMM_ROWS) -> 
             out.append([flops / (itemsize * (2 * rows * n + n * n)), flops / (t - call)])
     out.sort()
     return out
+
+
+#: the operand size of the memory-bandwidth measurement (three of them: 192 MiB in all,
+#: past any host's last-level cache)
+STREAM_BYTES = 64 << 20
 
 
 def stream_rate(nbytes: int, repeats: int) -> float:
@@ -473,7 +482,7 @@ def measure(quick: bool = False, mpi: bool = True, repeats: int = 0,
     table = {"gemm": gemm_curve(np.float32, r, sizes),
              "gemm_fp64": gemm_curve(np.float64, r, sizes),
              "peak_flops": gemm_rate(64 if quick else 128, np.float16, max(3, r // 3)),
-             "memory_bandwidth": stream_rate(4 << 20, r)}
+             "memory_bandwidth": stream_rate(STREAM_BYTES, max(3, r // 3))}
     table["peak_flops_fp32"] = max(rate for _, rate in table["gemm"])
     table["memory_bytes"] = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     base = cost.machine("cpu")
