@@ -23,7 +23,8 @@ The arithmetic is elementwise and the same as the per-parameter kernel's, in the
 order, so the bits are the same. The kernel's temporaries are a few times a chunk's size:
 :data:`CHUNK` bounds a chunk (parameters past it start another). Anything else (sharded
 states, a gradient in another layout, shape-only tensors, mixed steps) takes the
-per-parameter path. :func:`clip_grad_norm` is the gradient clip's multi-tensor path.
+per-parameter path. :func:`clip_grad_norm` is the gradient clip's multi-tensor path (in a
+shape-only run too: the same collectives as a real step).
 """
 from __future__ import annotations
 
@@ -257,8 +258,9 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     tensor-parallel gradients, not one each), added there, and the norm's ``pow``,
     ``add``, ``div``, ``clamp`` as ops; the scale applied in place (on the bucket's flat
     buffer when the gradients are views of it). Replicated gradients of one placement get
-    the per-gradient path's bits. Returns the norm (a 0-d tensor, replicated) or None when
-    it does not apply (another norm, partial, integer or shape-only gradients)."""
+    the per-gradient path's bits. Shape-only, the same moves without values (so a plan
+    counts the collectives a real step makes). Returns the norm (a 0-d tensor, replicated)
+    or None when it does not apply (another norm, partial or integer gradients)."""
     if norm_type != 2.0 or not grads:
         return None
     dtype, home = grads[0].dtype, grads[0].placement
@@ -266,10 +268,14 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     for g in grads:
         layout = g._layout
         summed = _summed_sbp(layout)
-        if summed is None or layout.dtype.kind != "f" or local_arrays(g) is None:
+        if summed is None or layout.dtype.kind != "f":
             return None
+        arrays = local_arrays(g)
+        if arrays is None:  # shape-only: no values, the same collectives (a plan counts them)
+            parts.setdefault((layout.placement, summed), None)
+            continue
         totals = parts.setdefault((layout.placement, summed), {})
-        for rank, a in g._shards.items():
+        for rank, a in arrays.items():
             xp = array_module(a)
             part = xp.multiply(a, a).sum(axis=tuple(range(a.ndim)))  # (g * g, as the clip)
             if part.dtype != dtype:
@@ -280,8 +286,9 @@ def clip_grad_norm(grads: list, max_norm, norm_type: float):
     per_placement: dict = {}  # placement -> the sum of its parts (partial where split)
     with ct.no_grad():
         for (placement, summed), shards in parts.items():
-            t = Tensor(Layout((), dtype, placement, summed),
-                       {r: array_module(v).asarray(v, dtype) for r, v in shards.items()})
+            t = ct.zeros((), dtype=dtype, placement=placement, sbp=summed) if shards is None \
+                else Tensor(Layout((), dtype, placement, summed),
+                            {r: array_module(v).asarray(v, dtype) for r, v in shards.items()})
             got = per_placement.get(placement)
             per_placement[placement] = t if got is None else got + t
         total = None
@@ -303,7 +310,10 @@ def _scale(grads: list, coef) -> None:
     for (placement, dtype), members in groups.items():
         c = coef if placement == coef.placement else \
             coef.to_global(placement, (ct.sbp.broadcast,) * placement.ndim)
-        for rank, value in c._shards.items():  # (after every rank's norm: ranks may share
+        values = local_arrays(c)
+        if values is None:  # shape-only: nothing to scale (the move above is what is sent)
+            continue
+        for rank, value in values.items():  # (after every rank's norm: ranks may share
             shards = [g._shards[rank] for g in members]  # arrays in a simulation)
             xp = array_module(shards[0])
             value = xp.asarray(value, dtype)

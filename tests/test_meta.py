@@ -308,3 +308,31 @@ def test_pipeline_step_runs_shape_only():
         with pytest.raises(ValueError, match="no times to record"):
             nn.pipeline.pipeline_step(st, [ct.zeros(2, 4, placement=p)], lambda o, y: o.sum(),
                                       [None], timeline=nn.pipeline.Timeline())
+
+
+def test_the_multi_tensor_clip_moves_the_same_shape_only():
+    """``clip_grad_norm_``'s multi-tensor path (the default) in a tensor-parallel pipeline
+    stage pair, shape-only: the same collectives as the real run (one all-reduce of the
+    split gradients' squared sums per placement, the stage's sum and scale moved once), not
+    the per-gradient path's one per gradient, so a plan counts what a step sends."""
+    def run(meta):
+        with ct.simulate(4, meta=meta):
+            ct.manual_seed(0)
+            stages = [ct.placement("cpu", [[0, 1]]), ct.placement("cpu", [[2, 3]])]
+            params = []
+            for mesh in stages:
+                layer = nn.Sequential(nn.Linear(8, 12), nn.GELU(), nn.Linear(12, 8))
+                B, S = ct.sbp.broadcast, ct.sbp.split
+                layer.to_global(mesh, {"0.weight": (B, S(0)), "0.bias": (B, S(0)),
+                                       "2.weight": (B, S(1))})
+                x = ct.ones(4, 8, placement=mesh, sbp=(B, B))
+                layer(x).sum().backward()
+                params += list(layer.parameters())
+            with ct.debug.comm_log() as log:
+                nn.utils.clip_grad_norm_(params, 1e-3)
+            return [(e.op, e.collective, e.nbytes, e.mesh_axis, e.src, e.dst) for e in log]
+
+    real, meta = run(False), run(True)
+    # (the real run reads no value here: the norm stays a tensor)
+    assert collections.Counter(meta) == collections.Counter(real)
+    assert sum(e[1] == "all_reduce" for e in real) == 2  # one per placement, not per gradient
