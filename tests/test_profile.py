@@ -72,7 +72,7 @@ def test_the_step_plan_has_its_own_column():
     solve, a one-off of tens of milliseconds, used to read as "rest": the loop's own
     code); the steps after the plan is learned record nothing there."""
     with world(2):
-        ct.stepplan.reset()
+        ct.step_plan(True)  # (on afresh: an earlier test's loop may have made it give up)
         with ct.debug.profile() as prof:
             _train(4, prof, foreach=None)  # (one op per parameter: its step attribute
         report = ct.debug.step_plan()      # differs every step, so the loop never repeats)
@@ -86,6 +86,7 @@ def test_the_step_plan_has_its_own_column():
         with ct.debug.profile() as later:  # learned and idle: nothing recorded any more
             _train(2, later, foreach=None)
         assert later.totals[COLUMNS.index("step plan")] == 0
+        ct.step_plan(ct.stepplan.DEFAULT_ON)
 
 
 def test_chrome_trace_one_row_per_rank():
