@@ -22,11 +22,12 @@ the same ops every step, so ctensor learns the step and plans it:
 * **solve** — only when the loop repeats: a window that runs the same calls (ops,
   attributes but an op's ``value_attrs``, input layouts) as one of the three before it is
   solved at its end (a script of one step never pays for a solve; a loop is planned after
-  its second or third step, a period of 2-3, gradient accumulation, soon after). :func:`ctensor.stepsolve.solve` picks
-  every call's signature to minimise the cost model's total (boxing each value once into
-  each distinct layout its consumers take, plus compute), starting from the per-op choice;
-  deterministic, so every rank plans alike. Parameters keep their layouts (moving one is
-  priced as :mod:`ctensor.choice` prices it: never worth it);
+  its second or third step, a period of 2-3, gradient accumulation, soon after).
+  :func:`ctensor.stepsolve.solve` picks every call's signature to minimise the cost
+  model's total (boxing each value once into each distinct layout its consumers take, plus
+  compute), starting from the per-op choice; deterministic, so every rank plans alike.
+  Parameters keep their layouts (moving one is priced as :mod:`ctensor.choice` prices it:
+  never worth it);
 * **replay** — on the next window each call still dispatches through its own signature
   table; only the candidate the choice takes comes from the plan (through the planner's
   advisor seam, :func:`ctensor.planner.set_advisor`). A guard compares each call with the
