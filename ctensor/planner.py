@@ -184,18 +184,23 @@ def plan(call: OpCall) -> OpPlan:
 def plan_for(op, attrs: dict, layouts: tuple, destinations, grads: int, pinned: int,
              same: tuple) -> OpPlan:
     """The cached plan of one call (what :func:`ctensor.dispatch.apply` calls when
-    :data:`hits` has not got the call's key, which is built here and there alike):
-    a dict lookup by the call's value, :func:`plan` on a miss (and on every call while an
-    advisor is installed: the plan its picks lead to is then cached per picks; an advisor
-    with a ``picks_for(op, layouts)`` attribute that returns the picks it will make — per
-    mesh axis the candidate index, None where it keeps the cost model's — is served from
-    that cache without pricing the candidates again)."""
-    key = (op, runtime._default_dtype, tuple(attrs.items()) if attrs else (), layouts,
+    :data:`hits` has not got the call's key, which is built here and there alike, except
+    that here an op's ``value_attrs`` are left out: no choice depends on them, so a call
+    that differs in them alone, as an optimizer's learning rate and step do from step to
+    step, takes the plan made before): a dict lookup by the call's value, :func:`plan` on a
+    miss (and on every call while an advisor is installed: the plan its picks lead to is
+    then cached per picks; an advisor with a ``picks_for(op, layouts)`` attribute that
+    returns the picks it will make — per mesh axis the candidate index, None where it keeps
+    the cost model's — is served from that cache without pricing the candidates again)."""
+    keyed = attrs
+    if attrs and op.value_attrs:  # (read by the kernel only: one plan whatever they are)
+        keyed = {k: v for k, v in attrs.items() if k not in op.value_attrs}
+    key = (op, runtime._default_dtype, tuple(keyed.items()) if keyed else (), layouts,
            destinations, grads, pinned, same)
     try:
         hit = _cache.get(key)
     except TypeError:  # an unhashable attribute (a list, an array): its frozen form
-        key = (op, key[1], _attrs_key(attrs), *key[3:])
+        key = (op, key[1], _attrs_key(keyed), *key[3:])
         hit = _cache.get(key)
     if hit is not None and _advisor is None:
         return hit

@@ -74,3 +74,43 @@ def test_advisor_must_return_a_candidate(mesh, advisor_off):
         planner.set_advisor(None)
     with pytest.raises(TypeError, match="callable"):
         planner.set_advisor(3)
+
+
+def test_a_call_differing_only_in_value_attributes_takes_the_cached_plan():
+    """``fused_adam``'s learning rate and step are ``value_attrs``: the per-parameter AdamW
+    under a schedule plans each parameter's update once, not once a step (each miss priced
+    every candidate again), and updates as the unfused rule does."""
+    import ctensor.optim as optim
+    import ctensor.nn as nn
+    import ctensor.optim as optim
+    calls = []
+    original = planner.plan
+    planner.plan = lambda call: calls.append(call.op.name) or original(call)
+    planner.clear()
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal((6, 4))
+    grads = [rng.standard_normal((6, 4)) for _ in range(4)]
+    try:
+        with ct.simulate(2):
+            pl = ct.placement("cpu", [0, 1])
+            w = nn.Parameter(ct.tensor(start, placement=pl, sbp=ct.sbp.split(0)))
+            opt = optim.AdamW([w], lr=0.1, foreach=False)
+            schedule = optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+            seen = []
+            for g in grads:
+                w.grad = ct.tensor(g, placement=pl, sbp=ct.sbp.split(0))
+                opt.step()
+                seen.append(calls.count("fused_adam"))
+                schedule.step()
+            got = w.numpy()
+    finally:
+        planner.plan = original
+    assert seen == [1, 1, 1, 1], seen
+    p, m, v = start.copy(), np.zeros_like(start), np.zeros_like(start)  # PyTorch's AdamW
+    for t, g in enumerate(grads, 1):
+        lr = 0.1 / t
+        p *= 1 - lr * 1e-2
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        p -= lr / (1 - 0.9 ** t) * m / (np.sqrt(v) / np.sqrt(1 - 0.999 ** t) + 1e-8)
+    np.testing.assert_allclose(got, p, rtol=1e-6, atol=1e-7)
