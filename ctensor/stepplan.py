@@ -45,7 +45,9 @@ the same ops every step, so ctensor learns the step and plans it:
 A plan that chooses what the per-op choice chooses at every call (a data-parallel step, where
 each op's choice is already the best) leaves nothing to replay: the process then stops
 recording (``idle`` in the report; each later step counts as replayed), so such a loop pays
-for the step plan only during its first steps. ``ct.step_plan(True)`` learns again.
+for the step plan only during its first steps. It still counts each window's calls: four
+windows in a row whose count is none of the first four idle ones' (another loop: a second
+model) start recording again. ``ct.step_plan(True)`` learns again.
 
 On by default (``CTENSOR_STEP_PLAN=0`` starts a process with it off); ``ct.step_plan(False)``
 turns it off (and forgets the plan). A program whose windows never repeat (batches of
@@ -67,7 +69,7 @@ from typing import Optional
 from . import autograd, dispatch, gradsync, planner, runtime
 from . import timing as _profile
 from .layout import same_shards
-from .stepsolve import SolverCall as _SolverCall, same_choice, solve
+from .stepsolve import SolverCall as _SolverCall, idle_reason, solve
 
 __all__ = ["step_plan", "enabled", "reset", "REPLAY_SECONDS_PER_CALL"]
 
@@ -136,7 +138,10 @@ class _State:
         self.plan: Optional[_Plan] = None
         self.following = False
         self.always = False  # follow a plan whatever its saving (step_plan(always=True))
-        self.idle = False  # the plan is not followed (see _idle): nothing to record
+        self.idle = False  # the plan is not followed (stepsolve.idle_reason): unrecorded
+        # while idle: the calls of this window, of the first _NO_REPEAT idle ones, windows
+        # in a row unlike all of those (_NO_REPEAT of them: another loop, recorded again)
+        self.idle_calls, self.idle_base, self.idle_changed = 0, [], 0
         self.failures = 0  # windows in a row that failed the plan
         self.unrepeated = 0  # windows in a row that ended with no plan
         self.stats = dict(learned=0, reused=0, replayed=0, deviations=0, gave_up=False,
@@ -240,6 +245,7 @@ def _observed(apply):
         if started:  # a started move (to_global(..., async_op=True)): an outside value
             return apply(opdef, tensors, attrs, started=True)
         if not st.enabled or st.overflow or st.idle:
+            st.idle_calls += 1
             return apply(opdef, tensors, attrs)
         if not st.calls:
             if st.started and runtime.world() is not st.world:
@@ -483,6 +489,14 @@ def _step_end(st: _State, ok: bool) -> None:
         return
     if st.idle:  # the plan is not followed: steps run the per-op choice, unrecorded
         st.stats["replayed"] += ok and st.idle == "same"
+        calls, st.idle_calls = st.idle_calls, 0
+        if len(st.idle_base) < _NO_REPEAT:  # (the loop's kinds of windows: accumulation's)
+            st.idle_base.append(calls)
+        else:
+            st.idle_changed = st.idle_changed + 1 if calls not in st.idle_base else 0
+        if st.idle_changed >= _NO_REPEAT:  # another loop than the one learned: record it
+            st.idle = st.stats["idle"] = False
+            st.plan, st.following, st.unrepeated, st.recent = None, False, 0, []
         return
     plan = st.plan
     if ok and plan is not None and st.following and len(st.calls) == len(plan.calls):
@@ -498,7 +512,9 @@ def _step_end(st: _State, ok: bool) -> None:
             st.recent = [shape] + st.recent[:_NO_REPEAT - 2]
         else:  # the loop repeats (a period of 1-3 windows), or a solved kind of step is back
             st.plan = _learn(st, shape)
-            st.idle = st.stats["idle"] = _idle(st, st.plan)
+            st.idle = st.stats["idle"] = idle_reason(st.calls, st.plan, st.always,
+                                                     REPLAY_SECONDS_PER_CALL)
+            st.idle_calls, st.idle_base, st.idle_changed = 0, [], 0
             st.unrepeated, st.failures, st.recent = 0, 0, []
     else:
         st.recent = []
@@ -509,19 +525,6 @@ def _step_end(st: _State, ok: bool) -> None:
     st.window += 1
     st._new_window()
     st.following = st.plan is not None
-
-
-def _idle(st: _State, plan: _Plan):
-    """Why ``plan`` is not followed, or False: ``"same"`` where it runs every call as the
-    per-op choice does (a data-parallel step, say); ``"small"`` where its estimated saving
-    per step does not pay for replaying it (unless ``always``). Either way recording stops,
-    so the loop pays nothing for the step plan from there on."""
-    if all(same_choice(c, p, q) for c, p, q in zip(st.calls, plan.per_op, plan.chosen)):
-        return "same"
-    planned, per_op = plan.totals
-    if not st.always and per_op - planned <= len(plan.calls) * REPLAY_SECONDS_PER_CALL:
-        return "small"
-    return False
 
 
 def _shape(calls: list) -> tuple:

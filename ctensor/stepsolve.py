@@ -46,7 +46,7 @@ from .gradsync import _reduction, bucket_size
 from .layout import Layout
 from .sbp import Broadcast, partial_sum
 
-__all__ = ["solve", "options_of", "same_choice", "SolverCall"]
+__all__ = ["solve", "options_of", "same_choice", "idle_reason", "SolverCall"]
 
 _MAX_OPTIONS = 16  # per call: beyond this many per-axis combinations, one axis at a time
 _CASCADE = 24  # calls re-chosen by one move at most
@@ -158,6 +158,20 @@ def same_choice(call, per_op, chosen) -> bool:
     return all(a is b or (a.inputs, a.outputs) == (b.inputs, b.outputs) or
                (axis < len(mesh) and mesh[axis] == 1)
                for axis, (a, b) in enumerate(zip(per_op.sigs, chosen.sigs)))
+
+
+def idle_reason(calls, plan, always: bool, replay_seconds: float):
+    """Why ``plan`` (solved for the recorded ``calls``) is not followed, or False:
+    ``"same"`` where it runs every call as the per-op choice does (a data-parallel step,
+    say); ``"small"`` where its estimated saving per step does not pay for replaying it
+    (``replay_seconds`` a call; unless ``always``). Either way the step plan stops
+    recording, so the loop pays nothing for it from there on."""
+    if all(same_choice(c, p, q) for c, p, q in zip(calls, plan.per_op, plan.chosen)):
+        return "same"
+    planned, per_op = plan.totals
+    if not always and per_op - planned <= len(calls) * replay_seconds:
+        return "small"
+    return False
 
 
 class SolverCall:

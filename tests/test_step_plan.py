@@ -436,3 +436,65 @@ def test_an_optimizer_whose_learning_rate_changes_every_step_keeps_the_loop_repe
     assert report.learned == 1 and not report.gave_up, report.summary()
     assert report.replayed >= 2 and report.deviations == 0, report.summary()
     np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_a_second_loop_after_an_idle_one_is_learned():
+    """A data-parallel MLP's loop is learned and idle (its plan is the per-op choice, so
+    nothing is recorded); then the program trains the tensor-parallel Llama. Its windows
+    run another number of calls: after ``stepplan._NO_REPEAT`` of them the step plan
+    records again, learns the Llama's loop and replays it (it used to stay idle for the
+    rest of the process). The losses are the per-op choice's."""
+    _needs_two_ranks()
+    from ctensor import stepplan
+
+    def run(planned):
+        ctensor.step_plan(planned, always=True)
+        mesh = ctensor.placement("cpu", [0, 1])
+        ctensor.manual_seed(0)
+        mlp = ctensor.nn.Sequential(ctensor.nn.Linear(8, 8, dtype=np.float64),
+                                    ctensor.nn.Linear(8, 2, dtype=np.float64))
+        mlp.to_global(mesh, (B,))
+        x = ctensor.tensor(np.random.default_rng(0).standard_normal((4, 8))).to_global(
+            mesh, (S(0),))
+        for _ in range(2 * stepplan._NO_REPEAT):  # (learned, then idle windows to compare)
+            (mlp(x) ** 2).mean().backward()
+            for p in mlp.parameters():
+                p.grad = None
+        first = ctensor.debug.step_plan()
+        model = llama(*CT)
+        model.to_global(mesh, LLAMA_TP)
+        opt = ctensor.optim.SGD(list(model.parameters()), lr=0.1)
+        losses, report = _updates(model, mesh, opt, stepplan._NO_REPEAT + 5, 1)
+        return first, losses, report
+
+    with float64(), world(2):
+        _, expected, _ = run(False)
+        first, got, report = run(True)
+    assert first.learned == 1 and first.idle == "same", first.summary()
+    assert report.learned == 2 and not report.idle and not report.gave_up, report.summary()
+    assert report.replayed >= 2, report.summary()
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+
+
+def test_an_idle_loop_with_gradient_accumulation_stays_idle():
+    """Five backward passes per update: the first window after an update differs from the
+    four that accumulate, so an idle loop sees two counts of calls, in turn; neither is
+    another loop, so nothing is recorded again (no second solve, not given up)."""
+    from ctensor import stepplan
+    with float64(), world(2):
+        ctensor.step_plan(True)
+        mesh = ctensor.placement("cpu", [0, 1])
+        ctensor.manual_seed(0)
+        mlp = ctensor.nn.Linear(8, 2, dtype=np.float64)
+        mlp.to_global(mesh, (B,))
+        opt = ctensor.optim.SGD(list(mlp.parameters()), lr=0.1)
+        x = ctensor.tensor(np.ones((4, 8))).to_global(mesh, (S(0),))
+        for _ in range(6):
+            for _ in range(5):
+                (mlp(x) ** 2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        report = ctensor.debug.step_plan()
+        assert report.learned + report.reused == 1 and report.idle == "same", report.summary()
+        assert not report.gave_up and stepplan._state.calls == [], report.summary()
+        ctensor.step_plan(stepplan.DEFAULT_ON)
