@@ -13,11 +13,8 @@ training step's the median of its steps (as ``benchmarks/predict.py`` measures):
   keyed by their arithmetic intensity (FLOPs per byte touched); ``peak_flops_fp32`` is the
   largest rate, ``peak_flops`` a float16 square GEMM's;
 * ``memory_bandwidth``: bytes read plus written per second of NumPy's elementwise add over
-  float32 operands of :data:`STREAM_BYTES` (the cost model's byte count: inputs plus
-  outputs), larger than the last-level cache: memory's rate, not the cache's (4 MiB
-  operands measured a 32 MiB L3 at 110-127 GB/s against memory's 41-45, and priced the
-  LayerNorms, GELUs and embeddings under :data:`MIN_KERNEL` a call, so their own
-  efficiencies were not measured and ``benchmarks/predict.py`` fell to 1 of 7 within 15%);
+  float32 operands of :data:`STREAM_BYTES` (inputs plus outputs), past the last-level
+  cache (4 MiB ones measured a 32 MiB L3 at 110-127 GB/s, memory 41-45);
 * ``op_overhead``: seconds per dispatched op of a training step (forward, backward, gradient
   clip, AdamW) of a GPT so small (d = 8) that its kernels cost nothing: the step's measured
   time, less its kernels' price, over the ops a shape-only trace of it counts;
@@ -196,8 +193,7 @@ def gemm_curve(dtype, repeats: int, sizes=GEMM_SIZES, rows: int = GEMM_ROWS) -> 
     return out
 
 
-#: the operand size of the memory-bandwidth measurement (three of them: 192 MiB in all,
-#: past any host's last-level cache)
+#: the operand size of the memory-bandwidth measurement (three: 192 MiB, past the caches)
 STREAM_BYTES = 64 << 20
 
 
