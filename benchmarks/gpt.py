@@ -102,11 +102,11 @@ def run_peer(worker: str, a, log: Path, ranks: int = 2) -> None:
 
 
 def _complete(log: Path) -> bool:
-    """Whether a run's JSON log holds its closing summary line (every step logged)."""
+    """Whether :func:`read_log` reads a run's whole log (its steps and closing summary)."""
     try:
-        lines = log.read_text().splitlines()
-        return bool(lines) and json.loads(lines[-1]).get("summary") is True
-    except (OSError, ValueError):
+        read_log(log)
+        return True
+    except (OSError, ValueError, KeyError, StopIteration, statistics.StatisticsError):
         return False
 
 

@@ -269,8 +269,9 @@ def defop(name: Optional[str] = None, *, kernel: Optional[Callable] = None,
     the front is ``def front(op, x): return op(x)`` or ``(op, a, b): return op(a, b)``, so
     the public function dispatches directly (the hottest ops: arithmetic, unary math).
     ``value_attrs`` names attributes that only the kernel reads (no signature, meta or cost
-    depends on them: an optimizer's learning rate and step): the step plan
-    (:mod:`ctensor.stepplan`) compares a loop's steps without them.
+    depends on them: an optimizer's learning rate and step): the planner's cache and the
+    step plan (:mod:`ctensor.stepplan`) key a call without them
+    (:func:`ctensor.planner.choice_attrs`).
     """
     def wrap(front: Callable) -> Callable:
         opname = name or front.__name__

@@ -44,7 +44,7 @@ from .choice import choose
 from .operands import same_placement
 
 __all__ = ["OpCall", "OpPlan", "AxisChoice", "plan", "plan_for", "set_advisor", "advisor",
-           "clear"]
+           "clear", "choice_attrs"]
 
 
 @dataclass(frozen=True)
@@ -192,9 +192,7 @@ def plan_for(op, attrs: dict, layouts: tuple, destinations, grads: int, pinned: 
     then cached per picks; an advisor with a ``picks_for(op, layouts)`` attribute that
     returns the picks it will make — per mesh axis the candidate index, None where it keeps
     the cost model's — is served from that cache without pricing the candidates again)."""
-    keyed = attrs
-    if attrs and op.value_attrs:  # (read by the kernel only: one plan whatever they are)
-        keyed = {k: v for k, v in attrs.items() if k not in op.value_attrs}
+    keyed = choice_attrs(op, attrs)
     key = (op, runtime._default_dtype, tuple(keyed.items()) if keyed else (), layouts,
            destinations, grads, pinned, same)
     try:
@@ -262,6 +260,13 @@ def _freeze(v):
     if isinstance(v, dict):
         return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
     return v
+
+
+def choice_attrs(op, attrs: dict) -> dict:
+    """``attrs`` less ``op``'s ``value_attrs`` (read by its kernel only, no choice depends
+    on them): what a call's plan is keyed by, here and in the step plan."""
+    free = op.value_attrs
+    return {k: v for k, v in attrs.items() if k not in free} if attrs and free else attrs
 
 
 def _attrs_key(attrs: dict) -> tuple:

@@ -298,9 +298,8 @@ def _record(apply, st: _State, opdef, tensors, attrs):
         for t in tensors])
     # (which inputs need a gradient decides what is recorded: only while grad mode is on)
     req = tuple([t.requires_grad for t in tensors]) if autograd.grad_mode.enabled else ()
-    free = opdef.value_attrs  # (read by the kernel only: the loop repeats whatever they are)
-    attrs_key = planner._attrs_key({k: v for k, v in attrs.items() if k not in free} if free
-                                   else attrs) if attrs else ()
+    # (an op's value_attrs left out: the loop repeats whatever they are)
+    attrs_key = planner._attrs_key(planner.choice_attrs(opdef, attrs)) if attrs else ()
     pos = len(st.calls)
     call = Call(opdef, attrs_key, attrs, layouts, inputs, req, None, None, False)
     st.calls.append(call)
